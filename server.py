@@ -1,0 +1,435 @@
+"""torch-skills: a PyTorch engineering skill pack and diagnostic tools, served over MCP.
+
+Run it:
+    python server.py                              # stdio, for Claude Code / Desktop / Cursor
+    python server.py --transport http --port 8765 # streamable HTTP on 127.0.0.1
+    python server.py --check                      # validate the skills and exit
+    python server.py --demo                       # call every tool on examples/ and print results
+
+This file is the MCP wiring only. Skills come from `skills/` (one source for the Skills
+extension, the skill:// resources, the list_skills/get_skill tools, the prompts and `route`);
+tool logic lives in `tools/` and runs in worker processes (`tools.runner`), never here. torch is
+never imported by this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import jinja2
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.server.mcpserver.prompts.base import Prompt
+from mcp.server.mcpserver.resources import FunctionResource
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
+
+from tools.roots import AllowedRoots, PathNotAllowed
+from tools.runner.errors import WorkerError
+from tools.runner.pool import WorkerPool, default_memory_limit_bytes
+from tools.skillpack.loader import (
+    DEFAULT_SKILLS_DIR,
+    ROUTER_NAME,
+    SkillPack,
+    SkillPathError,
+    UnknownSkill,
+    mime_type_for,
+)
+from tools.skillpack.router import RouterFormatError, parse_router
+from tools.userspec import CodeRefError
+
+log = logging.getLogger("torch-skills")
+
+SKILLS_EXTENSION = "io.modelcontextprotocol/skills"
+LISTING_TTL_MS = 300_000
+
+INSTRUCTIONS = f"""\
+PyTorch engineering help. Start with the router skill skill://{ROUTER_NAME}/SKILL.md: it maps a
+symptom (out of memory, NaN loss, slow steps, DDP hangs, checkpoint errors...) to one of eight
+specialist skills. When unsure where a question belongs, call `route` with the user's words or
+the pasted error. Diagnose before fixing: the tools run on the user's own code in a sandboxed
+worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradcheck),
+`estimate_memory` (peak memory before running on a GPU), `profile_model` (what bounds a step),
+`verify_checkpoint` (is a checkpoint safe, complete, does it fit the model). Models are given as
+'path/to/file.py:factory'. Clients without the Skills extension can use `list_skills` and
+`get_skill`."""
+
+# Modules the warm worker imports before forking, so every call starts with them loaded.
+WORKER_PRELOAD = ("tools.runner.usercode",)
+
+
+# ------------------------------------------------------------------------------------------------
+# Skills extension (io.modelcontextprotocol/skills): skills/list and skills/get
+# ------------------------------------------------------------------------------------------------
+class ListSkillsParams(RequestParams):
+    cursor: str | None = None
+
+
+class GetSkillParams(RequestParams):
+    uri: str
+
+
+class SkillsExtension(Extension):
+    """Serves `skills/list` and `skills/get` from the same SkillPack as the resources."""
+
+    identifier = SKILLS_EXTENSION
+
+    def __init__(self, pack: SkillPack):
+        self.pack = pack
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return (
+            MethodBinding("skills/list", ListSkillsParams, self._list),
+            MethodBinding("skills/get", GetSkillParams, self._get),
+        )
+
+    async def _list(self, ctx: Any, params: ListSkillsParams) -> dict[str, Any]:
+        skills = [self.pack.entry(name) for name in self.pack.skills]
+        return {"resultType": "complete", "skills": skills, "ttlMs": LISTING_TTL_MS, "cacheScope": "public"}
+
+    async def _get(self, ctx: Any, params: GetSkillParams) -> dict[str, Any]:
+        try:
+            name, path = self.pack.parse_uri(params.uri)
+            if path != "SKILL.md":
+                raise SkillPathError(f"{params.uri!r} is not the URI of a SKILL.md")
+            entry = self.pack.entry(name)
+        except (SkillPathError, UnknownSkill) as e:
+            raise MCPError(INVALID_PARAMS, str(e)) from None
+        return {"resultType": "complete", "skill": entry, "ttlMs": LISTING_TTL_MS, "cacheScope": "public"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Results of the skill tools
+# ------------------------------------------------------------------------------------------------
+class SkillSummary(BaseModel):
+    name: str
+    description: str
+    uri: str = Field(description="skill:// URI of its SKILL.md, readable as a resource")
+    files: list[str] = Field(description="every file of the skill, relative to its folder")
+
+
+class SkillList(BaseModel):
+    skills: list[SkillSummary]
+    start_with: str = Field(description="the router skill to read first")
+
+
+class SkillText(BaseModel):
+    name: str
+    path: str
+    uri: str
+    text: str
+
+
+# ------------------------------------------------------------------------------------------------
+# Server state shared by the tool calls
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class ServerState:
+    pack: SkillPack
+    roots: AllowedRoots
+    pool: WorkerPool
+    memory_limit_bytes: int
+
+
+# Errors the model can fix by calling differently: their message reaches it as a tool error.
+ANTICIPATED = (SkillPathError, UnknownSkill, PathNotAllowed, CodeRefError, WorkerError, ValidationError)
+
+
+@contextlib.contextmanager
+def anticipated_errors() -> Iterator[None]:
+    """Re-raise the errors above as ToolError, so the SDK passes their message (the next step) on."""
+    try:
+        yield
+    except WorkerError as e:
+        raise ToolError(f"[{e.kind}] {e}") from None
+    except ANTICIPATED as e:
+        raise ToolError(str(e)) from None
+
+
+async def allowed_roots(ctx: Context, state: ServerState) -> AllowedRoots:
+    """The server's roots plus the client's MCP roots, when the client offers them."""
+    caps = ctx.client_capabilities
+    if caps is None or getattr(caps, "roots", None) is None:
+        return state.roots
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            listed = await ctx.session.list_roots()
+    except Exception as e:  # a client that declares roots but cannot answer keeps the defaults
+        log.info("could not list the client's roots: %r", e)
+        return state.roots
+    return state.roots.with_client_roots([str(r.uri) for r in listed.roots])
+
+
+async def run_in_worker(
+    ctx: Context,
+    fn: str,
+    request: BaseModel,
+    *,
+    timeout_s: float,
+    memory_limit_gib: float | None,
+    device: str = "auto",
+    check_paths: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run a tool function in a fresh worker child; return its result dict with `run` facts filled in.
+
+    Every path the request names must be in `check_paths` (they are checked against the allowed
+    roots here, before any code runs). Raises a plain exception with the next step on failure,
+    which MCPServer returns as a tool error.
+    """
+    state: ServerState = ctx.request_context.lifespan_context
+    roots = await allowed_roots(ctx, state)
+    with anticipated_errors():
+        for path in check_paths:
+            roots.check(path)
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        await ctx.report_progress(done, total, message)
+
+    limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
+    with anticipated_errors():
+        job = await state.pool.run(
+            fn,
+            request,
+            timeout_s=timeout_s,
+            memory_limit_bytes=limit,
+            device=device,
+            cwd=roots.cwd,
+            allowed_roots=list(roots.all),
+            on_progress=progress,
+        )
+    result = dict(job.result)
+    result["run"] = {
+        "device": job.device,
+        "torch_version": job.torch_version,
+        "wall_time_s": job.wall_time_s,
+        "output": job.output,
+        "output_bytes": job.output_bytes,
+        "output_truncated": job.output_truncated,
+    }
+    return result
+
+
+TimeoutArg = Annotated[float, Field(gt=0, le=3600, description="seconds before the run is stopped")]
+MemoryArg = Annotated[
+    float | None,
+    Field(default=None, gt=0, description="RAM cap in GiB for the run (default: half the machine)"),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Building the server
+# ------------------------------------------------------------------------------------------------
+def build_server(
+    skills_dir: Path = DEFAULT_SKILLS_DIR,
+    *,
+    allow: Sequence[Path] = (),
+    max_jobs: int = 2,
+    prewarm: bool = True,
+    memory_limit_gib: float | None = None,
+) -> MCPServer:
+    """The configured MCPServer. Tests use `Client(build_server())`; `main()` runs it."""
+    pack = SkillPack.load(skills_dir)
+    roots = AllowedRoots(Path.cwd(), tuple(Path(p) for p in allow))
+    memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: MCPServer) -> AsyncIterator[ServerState]:
+        async with WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD) as pool:
+            if prewarm:
+                pool.prewarm()
+            yield ServerState(pack, roots, pool, memory_limit)
+
+    mcp = MCPServer(
+        "torch-skills",
+        title="PyTorch engineering skills",
+        instructions=INSTRUCTIONS,
+        version="0.1.0",
+        extensions=[SkillsExtension(pack)],
+        lifespan=lifespan,
+    )
+    _register_skill_resources(mcp, pack)
+    _register_skill_tools(mcp, pack)
+    _register_prompts(mcp, pack)
+    _register_torch_tools(mcp)
+    return mcp
+
+
+def _register_skill_resources(mcp: MCPServer, pack: SkillPack) -> None:
+    for skill in pack.skills.values():
+        for file in skill.files:
+
+            def read(name: str = skill.name, path: str = file.path) -> str | bytes:
+                try:
+                    data = pack.read(name, path)
+                except (SkillPathError, UnknownSkill) as e:  # the file went away since start-up
+                    raise ResourceNotFoundError(str(e)) from None
+                try:
+                    return data.decode("utf-8")
+                except UnicodeDecodeError:
+                    return data
+
+            mcp.add_resource(
+                FunctionResource(
+                    uri=skill.uri(file.path),
+                    name=skill.name if file.path == "SKILL.md" else f"{skill.name}/{file.path}",
+                    description=skill.description if file.path == "SKILL.md" else None,
+                    mime_type=mime_type_for(file.path),
+                    fn=read,
+                    meta={"io.modelcontextprotocol.skills/digest": file.digest},
+                )
+            )
+
+
+def _register_skill_tools(mcp: MCPServer, pack: SkillPack) -> None:
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+
+    @mcp.tool(annotations=read_only)
+    def list_skills() -> SkillList:
+        """List the PyTorch skills: name, what each covers and when to use it, its URI and files.
+
+        Read the router (using-pytorch-engineering) first; it says which specialist fits a symptom."""
+        return SkillList(
+            skills=[
+                SkillSummary(
+                    name=s.name, description=s.description, uri=s.uri(), files=[f.path for f in s.files]
+                )
+                for s in pack.skills.values()
+            ],
+            start_with=ROUTER_NAME,
+        )
+
+    @mcp.tool(annotations=read_only)
+    def get_skill(
+        name: Annotated[str, Field(description="skill name, e.g. 'debugging-techniques'")],
+        path: Annotated[
+            str, Field(description="file inside the skill, e.g. 'references/nan-search.md'")
+        ] = "SKILL.md",
+    ) -> SkillText:
+        """Read one file of a skill (its SKILL.md by default, or a file under references/)."""
+        with anticipated_errors():
+            data = pack.read(name, path)
+        return SkillText(
+            name=name, path=path, uri=pack.get(name).uri(path), text=data.decode("utf-8", "replace")
+        )
+
+
+PROMPT_TEMPLATE = jinja2.Template(
+    """\
+Use the PyTorch skill `{{ name }}` for this problem. Read skill://{{ name }}/SKILL.md first (or call
+get_skill("{{ name }}")) and follow it: diagnose before changing code
+{%- if tools %}, starting with the {{ tools | join(" / ") }} tool on my code{% endif %}, then propose the
+smallest fix and say how to confirm it worked.
+
+My problem: {{ problem }}""",
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=False,
+)
+
+
+def _prompt_renderer(name: str, tools: list[str]):
+    def render(
+        problem: Annotated[
+            str, Field(description="the symptom, error message or question, in your own words")
+        ],
+    ) -> str:
+        return PROMPT_TEMPLATE.render(name=name, tools=tools, problem=problem)
+
+    return render
+
+
+def _register_prompts(mcp: MCPServer, pack: SkillPack) -> None:
+    tools_by_skill = skill_tools(pack)
+    for skill in pack.skills.values():
+        if skill.name == ROUTER_NAME:
+            continue
+        mcp.add_prompt(
+            Prompt.from_function(
+                _prompt_renderer(skill.name, tools_by_skill.get(skill.name, [])),
+                name=skill.name,
+                title=skill.name.replace("-", " ").capitalize(),
+                description=skill.description,
+            )
+        )
+
+
+def skill_tools(pack: SkillPack) -> dict[str, list[str]]:
+    """Diagnostic tool named by each route section of the router (skill -> [tool])."""
+    if ROUTER_NAME not in pack.skills:
+        return {}
+    try:
+        table = parse_router(pack.skills[ROUTER_NAME].body)
+    except RouterFormatError:
+        return {}
+    return {name: [section.tool] for name, section in table.routes.items() if section.tool}
+
+
+def _register_torch_tools(mcp: MCPServer) -> None:
+    """The tools that run the user's code. Each one: build the request, run it in a worker, return the result."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="torch-skills MCP server")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument(
+        "--allow", action="append", default=[], metavar="DIR", help="another folder the tools may read"
+    )
+    p.add_argument("--skills-dir", type=Path, default=DEFAULT_SKILLS_DIR)
+    p.add_argument(
+        "--max-jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)), help="concurrent tool runs"
+    )
+    p.add_argument("--memory-limit-gib", type=float, default=None, help="default RAM cap per tool run")
+    p.add_argument(
+        "--no-prewarm", action="store_true", help="start the torch worker on the first call instead"
+    )
+    p.add_argument("--check", action="store_true", help="validate the skills and exit (non-zero on problems)")
+    p.add_argument("--demo", action="store_true", help="run every tool on examples/ and print what it finds")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr)
+    if args.check:
+        from tools.skillpack.validate import validate_pack
+
+        report = validate_pack(args.skills_dir)
+        sys.stderr.write(report.render() + "\n")
+        return 0 if report.ok else 1
+    if args.demo:
+        from examples.demo import run_demo
+
+        return run_demo()
+    server = build_server(
+        args.skills_dir,
+        allow=[Path(a) for a in args.allow],
+        max_jobs=args.max_jobs,
+        prewarm=not args.no_prewarm,
+        memory_limit_gib=args.memory_limit_gib,
+    )
+    if args.transport == "http":
+        server.run("streamable-http", host=args.host, port=args.port)
+    else:
+        server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""What each forked child does: isolate itself, run one tool function, write its result.
+
+`run_child` is called by the zygote right after fork and never returns. Tool functions have the
+form `def run(request: SomeRequest, job: JobContext) -> SomeResult` (pydantic models); the
+request type is read from the first parameter's annotation.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import inspect
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+import typing
+from pathlib import Path
+from typing import Any
+
+from tools.runner import protocol
+from tools.runner.errors import UserCodeError
+
+
+class JobContext:
+    """Handed to every tool function: the device to use, the allowed roots, progress reporting."""
+
+    def __init__(self, job_dir: Path, device: str, allowed_roots: list[str], cwd: str):
+        self.job_dir = job_dir
+        self.device = device
+        self.allowed_roots = [Path(r) for r in allowed_roots]
+        self.cwd = Path(cwd)
+        self.started = time.perf_counter()
+        self._progress_path = job_dir / protocol.PROGRESS_FILE
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress; the server relays it to the client as an MCP progress notification."""
+        line = json.dumps({"progress": done, "total": total, "message": message})
+        with open(self._progress_path, "a") as f:
+            f.write(line + "\n")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _isolate(write_fd: int) -> None:
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # die with the zygote
+    except (OSError, AttributeError):
+        pass
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.closerange(3, 65536)  # the protocol pipe, other jobs' pipes: none of it is the user's business
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, errors="replace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="replace")
+    faulthandler.enable(file=sys.stderr)  # a segfault still leaves a Python traceback in the output
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _limit_memory(limit_bytes: int, device: str) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # RLIMIT_AS turns a huge CPU allocation into a clean "can't allocate memory" error. CUDA reserves
+    # address space far beyond physical memory, so CUDA jobs rely on the zygote's RSS watchdog alone.
+    if limit_bytes and device == "cpu":
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, UserCodeError):
+        return exc.kind, exc.message
+    if isinstance(exc, SystemExit):
+        return (
+            "sys_exit",
+            f"the code called sys.exit({exc.code!r}) (or raised SystemExit). Keep the factory free of "
+            "script logic: move it under `if __name__ == '__main__':`.",
+        )
+    text = f"{type(exc).__name__}: {exc}"
+    where = _user_frame(exc)
+    if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "out of memory" in str(exc):
+        return (
+            "out_of_memory",
+            f"an allocation failed ({text.splitlines()[0][:300]}). Use a smaller batch or input_shape, "
+            "or raise memory_limit_gib.",
+        )
+    if where is not None:
+        return (
+            "user_exception",
+            f"your code raised {text.splitlines()[0][:500]} (at {where}). Fix it and call again.",
+        )
+    return "internal", f"torch-skills failed with {text}. This is a bug in the tool; please report it."
+
+
+_OWN_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    """'file.py:42' of the innermost frame in the user's code, or None when the error is not theirs."""
+    import sysconfig
+
+    library_dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        filename = (
+            str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
+        )
+        if filename.startswith(_OWN_DIR) or any(filename.startswith(d) for d in library_dirs):
+            continue
+        if filename.startswith("<frozen"):
+            continue
+        where = f"{frame.filename}:{frame.lineno}"
+    return where
+
+
+def _resolve(fn_path: str):
+    module_name, _, attr = fn_path.partition(":")
+    fn = getattr(importlib.import_module(module_name), attr)
+    params = list(inspect.signature(fn).parameters.values())
+    hints = typing.get_type_hints(fn)
+    return fn, hints.get(params[0].name)
+
+
+def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd: int) -> None:
+    """Entry point after fork. Exits the process; never returns."""
+    code = 0
+    job_dir = Path(message["dir"])
+    try:
+        _isolate(write_fd)
+        _limit_memory(int(message.get("memory_limit_bytes", 0)), device)
+        os.chdir(message.get("cwd") or job_dir)
+        ctx = JobContext(
+            job_dir, device, message.get("allowed_roots", []), message.get("cwd") or str(job_dir)
+        )
+        fn, request_type = _resolve(message["fn"])
+        payload = json.loads((job_dir / protocol.REQUEST_FILE).read_text())
+        request = request_type.model_validate(payload) if hasattr(request_type, "model_validate") else payload
+        result = fn(request, ctx)
+        data = result.model_dump(mode="json") if hasattr(result, "model_dump") else result
+        _write_json(
+            job_dir / protocol.RESULT_FILE,
+            {"result": data, "wall_time_s": time.perf_counter() - ctx.started, "device": str(device)},
+        )
+    except BaseException as exc:  # noqa: BLE001 - every failure must become a message, not a dead child
+        kind, text = _classify(exc)
+        tb = "".join(traceback.format_exception(exc))
+        try:
+            if kind == "internal":
+                sys.stderr.write(tb)
+            _write_json(
+                job_dir / protocol.ERROR_FILE, {"kind": kind, "message": text, "traceback": tb[-4000:]}
+            )
+        except BaseException:  # noqa: BLE001
+            code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(code)

@@ -1,0 +1,408 @@
+"""Server side of the runner: one warm worker process, a bounded number of concurrent jobs.
+
+Use inside an async server:
+
+    async with WorkerPool(max_concurrent=2) as pool:
+        result = await pool.run("tools.gradients.worker:run", request, timeout_s=60,
+                                memory_limit_bytes=8 << 30, device="auto", cwd=Path.cwd(),
+                                allowed_roots=[...], on_progress=cb)
+
+`run` returns a `JobResult` (the result JSON, run facts, the captured output) or raises
+`WorkerError` for every failure: the user's exception, sys.exit, a crash, a hang, a memory
+overrun, a cancelled call. No job outlives its call: on timeout or cancellation the job's whole
+process group is killed. This module never imports torch; the worker does
+(`tools.runner.zygote`).
+
+Known limitations: Linux only (fork, process groups, /proc).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import Process, TaskGroup
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from tools.runner import protocol
+from tools.runner.errors import WorkerError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
+
+_SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
+
+
+def default_memory_limit_bytes() -> int:
+    """Half of the machine's physical memory: room for the server, the OS and a second job."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+@dataclass
+class JobResult:
+    """What a successful job returned, plus how it ran."""
+
+    result: dict[str, Any]
+    wall_time_s: float
+    device: str
+    torch_version: str
+    output: str
+    output_bytes: int
+    output_truncated: bool
+    peak_rss_bytes: int
+
+
+@dataclass
+class _Pending:
+    started: anyio.Event = field(default_factory=anyio.Event)
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    pid: int | None = None
+    exit: dict[str, Any] | None = None
+
+
+class WorkerPool:
+    """Runs tool functions in fresh children of one warm, torch-preloaded worker."""
+
+    def __init__(
+        self,
+        *,
+        max_concurrent: int = 2,
+        preload: tuple[str, ...] = (),
+        python: str = sys.executable,
+        start_timeout_s: float = 120.0,
+    ):
+        self.max_concurrent = max_concurrent
+        self.preload = preload
+        self.python = python
+        self.start_timeout_s = start_timeout_s
+        self._slots = anyio.Semaphore(max_concurrent)
+        self._task_group: TaskGroup | None = None
+        self._process: Process | None = None
+        self._ready = anyio.Event()
+        self._info: dict[str, Any] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._send_lock = anyio.Lock()
+        self._start_lock = anyio.Lock()
+        self._startup_error: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def __aenter__(self) -> WorkerPool:
+        self._tg_cm = anyio.create_task_group()
+        self._task_group = await self._tg_cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+        assert self._task_group is not None
+        self._task_group.cancel_scope.cancel()
+        await self._tg_cm.__aexit__(None, None, None)
+        self._task_group = None
+
+    async def close(self) -> None:
+        """Stop the warm worker; its children die with it (they are killed on its stdin EOF)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                if process.stdin is not None:
+                    await process.stdin.aclose()
+                with anyio.move_on_after(3):
+                    await process.wait()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+    def prewarm(self) -> None:
+        """Start the warm worker in the background so the first call does not pay for `import torch`."""
+        if self._task_group is not None and self._process is None:
+            self._task_group.start_soon(self._ensure_started)
+
+    @property
+    def worker_info(self) -> dict[str, Any]:
+        """torch version and CUDA availability reported by the warm worker (empty until it is ready)."""
+        return dict(self._info)
+
+    async def _ensure_started(self) -> None:
+        async with self._start_lock:
+            if self._process is not None and self._process.returncode is None:
+                return
+            if self._task_group is None:
+                raise RuntimeError("WorkerPool must be used as `async with WorkerPool() as pool:`")
+            self._ready = anyio.Event()
+            self._startup_error = None
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+            env["PYTHONUNBUFFERED"] = "1"
+            env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+            args = [self.python, "-m", "tools.runner.zygote"]
+            for module in self.preload:
+                args += ["--preload", module]
+            self._process = await anyio.open_process(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+                env=env,
+                start_new_session=True,
+            )
+            self._task_group.start_soon(self._read_events, self._process)
+
+    async def _read_events(self, process: Process) -> None:
+        assert process.stdout is not None
+        stream = BufferedByteReceiveStream(process.stdout)
+        try:
+            while True:
+                line = await stream.receive_until(b"\n", 1 << 20)
+                self._dispatch(protocol.decode(line))
+        except (
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.ClosedResourceError,
+            anyio.BrokenResourceError,
+        ):
+            pass
+        finally:
+            await self._worker_gone(process)
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "ready":
+            self._info = {k: event[k] for k in ("torch", "cuda", "pid")}
+            self._ready.set()
+            return
+        pending = self._pending.get(event.get("job", ""))
+        if pending is None:
+            return
+        if kind == "started":
+            pending.pid = int(event["pid"])
+            pending.started.set()
+        elif kind == "exited":
+            pending.exit = event
+            pending.started.set()
+            pending.exited.set()
+
+    async def _worker_gone(self, process: Process) -> None:
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                with anyio.move_on_after(2):
+                    await process.wait()
+        code = process.returncode
+        if self._process is process:
+            self._process = None
+        if not self._ready.is_set():
+            self._startup_error = (
+                f"the torch worker exited while starting (exit code {code}); check that `python -c 'import torch'` "
+                "works in the server's environment"
+            )
+            self._ready.set()
+        for pending in self._pending.values():
+            if not pending.exited.is_set():
+                pending.exit = {"worker_died": True, "returncode": code}
+                pending.started.set()
+                pending.exited.set()
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        process = self._process
+        if process is None or process.stdin is None:
+            return
+        async with self._send_lock:
+            try:
+                await process.stdin.send(protocol.encode(message))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    # -- jobs -----------------------------------------------------------------------------------
+    async def run(
+        self,
+        fn: str,
+        request: Any,
+        *,
+        timeout_s: float,
+        memory_limit_bytes: int | None = None,
+        device: str = "auto",
+        cwd: Path | None = None,
+        allowed_roots: list[Path] | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> JobResult:
+        """Run `fn` (a 'module:function' path) on `request` in a fresh child; see the module docstring."""
+        payload = request.model_dump(mode="json") if hasattr(request, "model_dump") else request
+        async with self._slots:
+            with anyio.fail_after(self.start_timeout_s, shield=False):
+                await self._ensure_started()
+                await self._ready.wait()
+            if self._startup_error:
+                raise WorkerError("worker_unavailable", self._startup_error)
+            job_id = uuid.uuid4().hex
+            job_dir = Path(tempfile.mkdtemp(prefix="torch-skills-job-"))
+            try:
+                (job_dir / protocol.REQUEST_FILE).write_text(json.dumps(payload))
+                return await self._run_job(
+                    job_id,
+                    job_dir,
+                    {
+                        "op": "run",
+                        "job": job_id,
+                        "dir": str(job_dir),
+                        "fn": fn,
+                        "cwd": str(cwd or Path.cwd()),
+                        "allowed_roots": [str(r) for r in (allowed_roots or [])],
+                        "memory_limit_bytes": int(memory_limit_bytes or default_memory_limit_bytes()),
+                        "device": device,
+                    },
+                    timeout_s,
+                    on_progress,
+                )
+            finally:
+                shutil.rmtree(job_dir, ignore_errors=True)
+
+    async def _run_job(
+        self,
+        job_id: str,
+        job_dir: Path,
+        message: dict[str, Any],
+        timeout_s: float,
+        on_progress: ProgressCallback | None,
+    ) -> JobResult:
+        pending = self._pending[job_id] = _Pending()
+        stopped_for: str | None = None
+        try:
+            await self._send(message)
+            with anyio.move_on_after(timeout_s) as deadline:
+                async with anyio.create_task_group() as tg:
+                    if on_progress is not None:
+                        tg.start_soon(self._relay_progress, job_dir, pending, on_progress)
+                    await pending.exited.wait()
+                    tg.cancel_scope.cancel()
+            if deadline.cancelled_caught:
+                stopped_for = "timeout"
+        except BaseException:
+            stopped_for = "cancelled"
+            raise
+        finally:
+            if stopped_for is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._kill(job_id, pending)
+            self._pending.pop(job_id, None)
+        exit_info = pending.exit or {}
+        return self._outcome(job_dir, exit_info, stopped_for, timeout_s, message)
+
+    async def _kill(self, job_id: str, pending: _Pending) -> None:
+        await self._send({"op": "kill", "job": job_id})
+        if pending.pid is not None:
+            for kill in (
+                lambda: os.killpg(pending.pid, signal.SIGKILL),
+                lambda: os.kill(pending.pid, signal.SIGKILL),
+            ):
+                try:
+                    kill()
+                except OSError:
+                    pass
+        with anyio.move_on_after(5):
+            await pending.exited.wait()
+
+    async def _relay_progress(self, job_dir: Path, pending: _Pending, callback: ProgressCallback) -> None:
+        path = job_dir / protocol.PROGRESS_FILE
+        offset = 0
+        while not pending.exited.is_set():
+            await anyio.sleep(0.25)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            offset += len(complete)
+            for line in complete.splitlines():
+                try:
+                    item = json.loads(line)
+                    await callback(float(item["progress"]), item.get("total"), item.get("message"))
+                except (ValueError, KeyError, TypeError):
+                    continue
+
+    def _outcome(
+        self,
+        job_dir: Path,
+        exit_info: dict[str, Any],
+        stopped_for: str | None,
+        timeout_s: float,
+        message: dict,
+    ) -> JobResult:
+        output = str(exit_info.get("output", ""))
+        if stopped_for == "timeout":
+            raise WorkerError(
+                "timeout",
+                f"the code ran past timeout_s={timeout_s:g} s and was stopped. If it is just slow, call again with a "
+                "larger timeout_s or a smaller input; if it hangs (an endless loop, a barrier waiting for other "
+                "ranks, a DataLoader worker stuck), the output below shows how far it got.",
+                output,
+            )
+        if stopped_for == "cancelled":
+            raise WorkerError("cancelled", "the call was cancelled and its process killed", output)
+        if exit_info.get("worker_died"):
+            raise WorkerError(
+                "worker_unavailable",
+                "the warm torch worker died during the call (it is restarted on the next call); call again",
+                output,
+            )
+        if exit_info.get("killed_for") == "memory":
+            limit = message["memory_limit_bytes"] / 2**30
+            raise WorkerError(
+                "out_of_memory",
+                f"the code used more than memory_limit_gib={limit:.1f} GiB of RAM and was stopped. Use a smaller batch "
+                "or input_shape, or raise memory_limit_gib if the machine has room.",
+                output,
+            )
+        result_path, error_path = job_dir / protocol.RESULT_FILE, job_dir / protocol.ERROR_FILE
+        if result_path.exists():
+            data = json.loads(result_path.read_text())
+            return JobResult(
+                result=data["result"],
+                wall_time_s=float(data["wall_time_s"]),
+                device=str(data.get("device", message["device"])),
+                torch_version=str(self._info.get("torch", "")),
+                output=output,
+                output_bytes=int(exit_info.get("output_bytes", 0)),
+                output_truncated=bool(exit_info.get("output_truncated", False)),
+                peak_rss_bytes=int(exit_info.get("peak_rss_bytes", 0)),
+            )
+        if error_path.exists():
+            error = json.loads(error_path.read_text())
+            raise WorkerError(error["kind"], error["message"], output)
+        sig = exit_info.get("signal")
+        if sig is not None:
+            name = _SIGNAL_NAMES.get(int(sig), f"signal {sig}")
+            hint = {
+                "SIGSEGV": "a segmentation fault, usually in a C extension or a custom kernel",
+                "SIGABRT": "an abort, usually a failed assertion in native code",
+                "SIGKILL": "killed from outside, most often by the kernel's out-of-memory killer",
+                "SIGBUS": "a bus error, often a memory-mapped file that changed underneath",
+            }.get(name, "a fatal signal")
+            raise WorkerError(
+                "crash",
+                f"the code crashed with {name} ({hint}). The output below ends where it died.",
+                output,
+            )
+        code = exit_info.get("returncode")
+        raise WorkerError(
+            "crash",
+            f"the process exited with code {code} before returning a result: the code called os._exit() or the "
+            "interpreter aborted. Remove the exit from the factory or the code it imports.",
+            output,
+        )

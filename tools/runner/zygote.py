@@ -1,0 +1,243 @@
+"""The warm worker: imports torch once, then forks one fresh child per tool call.
+
+Run by `WorkerPool` as `python -m tools.runner.zygote [--preload MODULE ...]`; it speaks the
+JSON-lines protocol of `tools.runner.protocol` on its stdin and on the stdout it was started
+with. Nothing else may write there, so fd 1 is pointed at stderr right away and the protocol uses
+a private duplicate.
+
+Each child gets a new session (so its whole process group can be killed), a pipe for its
+stdout+stderr that this loop drains into a bounded buffer, and a memory watchdog: this loop
+kills a child whose resident memory passes its limit (the child also gets RLIMIT_AS on CPU).
+The loop is single-threaded (select), which keeps fork safe.
+
+Known limitations: the watchdog samples every 0.2 s, so a very fast allocation burst can
+overshoot the limit briefly before the kill on CUDA jobs (CPU jobs are capped by RLIMIT_AS).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tools.runner import protocol
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class _Job:
+    job_id: str
+    pid: int
+    fd: int | None
+    memory_limit_bytes: int
+    output: protocol.OutputBuffer = field(default_factory=protocol.OutputBuffer)
+    killed_for: str | None = None
+    peak_rss_bytes: int = 0
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _group_rss_bytes(pgid: int) -> int:
+    """Resident bytes of every process in the group (the child plus e.g. DataLoader workers)."""
+    total = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return _rss_bytes(pgid)
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(name)) == pgid:
+                total += _rss_bytes(int(name))
+        except OSError:
+            continue
+    return total
+
+
+class Zygote:
+    def __init__(self, out_fd: int, cuda_available: bool):
+        self.out_fd = out_fd
+        self.cuda_available = cuda_available
+        self.jobs: dict[str, _Job] = {}
+        self.by_pid: dict[int, _Job] = {}
+        self._stdin_buf = b""
+        self._last_watch = 0.0
+
+    def send(self, message: dict) -> None:
+        data = protocol.encode(message)
+        while data:
+            written = os.write(self.out_fd, data)
+            data = data[written:]
+
+    # -- requests -------------------------------------------------------------------------------
+    def handle(self, message: dict) -> None:
+        op = message.get("op")
+        if op == "run":
+            self.start(message)
+        elif op == "kill":
+            job = self.jobs.get(message.get("job", ""))
+            if job is not None:
+                job.killed_for = job.killed_for or "request"
+                self._kill_group(job.pid)
+
+    def start(self, message: dict) -> None:
+        from tools.runner import child
+
+        device = message.get("device", "auto")
+        resolved = "cuda" if device == "cuda" or (device == "auto" and self.cuda_available) else "cpu"
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            os.close(read_fd)
+            child.run_child(message, write_fd, resolved, self.out_fd)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        job = _Job(message["job"], pid, read_fd, int(message.get("memory_limit_bytes", 0)))
+        self.jobs[job.job_id] = job
+        self.by_pid[pid] = job
+        self.send({"event": "started", "job": job.job_id, "pid": pid})
+
+    # -- children -------------------------------------------------------------------------------
+    def _kill_group(self, pid: int) -> None:
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                target()
+            except OSError:
+                pass
+
+    def drain(self, job: _Job) -> None:
+        if job.fd is None:
+            return
+        while True:
+            try:
+                data = os.read(job.fd, 65536)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    return
+                data = b""
+            if not data:
+                os.close(job.fd)
+                job.fd = None
+                return
+            job.output.feed(data)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.by_pid.pop(pid, None)
+            if job is None:
+                continue
+            self._kill_group(pid)  # leftovers such as DataLoader workers
+            self.drain(job)
+            if job.fd is not None:  # a grandchild still holds the pipe open
+                os.close(job.fd)
+                job.fd = None
+            del self.jobs[job.job_id]
+            self.send(
+                {
+                    "event": "exited",
+                    "job": job.job_id,
+                    "returncode": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                    "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                    "killed_for": job.killed_for,
+                    "peak_rss_bytes": job.peak_rss_bytes,
+                    "output": job.output.text(),
+                    "output_bytes": job.output.total,
+                    "output_truncated": job.output.truncated,
+                }
+            )
+
+    def watch_memory(self) -> None:
+        now = time.monotonic()
+        if now - self._last_watch < 0.2:
+            return
+        self._last_watch = now
+        for job in list(self.jobs.values()):
+            rss = _group_rss_bytes(job.pid)
+            job.peak_rss_bytes = max(job.peak_rss_bytes, rss)
+            if job.memory_limit_bytes and rss > job.memory_limit_bytes and job.killed_for is None:
+                job.killed_for = "memory"
+                self._kill_group(job.pid)
+
+    def shutdown(self) -> None:
+        for job in list(self.jobs.values()):
+            self._kill_group(job.pid)
+        sys.exit(0)
+
+    # -- loop -----------------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            fds = [0] + [job.fd for job in self.jobs.values() if job.fd is not None]
+            try:
+                readable, _, _ = select.select(fds, [], [], 0.1)
+            except InterruptedError:
+                readable = []
+            for fd in readable:
+                if fd == 0:
+                    data = os.read(0, 65536)
+                    if not data:
+                        self.shutdown()
+                    self._stdin_buf += data
+                    while b"\n" in self._stdin_buf:
+                        line, self._stdin_buf = self._stdin_buf.split(b"\n", 1)
+                        if line.strip():
+                            self.handle(protocol.decode(line))
+                else:
+                    for job in list(self.jobs.values()):
+                        if job.fd == fd:
+                            self.drain(job)
+            self.reap()
+            self.watch_memory()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the server that started it dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> None:
+    out_fd = os.dup(1)  # the protocol channel
+    os.dup2(2, 1)  # anything printed from here on goes to stderr
+    sys.stdout = sys.stderr
+    _die_with_parent()
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
+
+    import torch
+
+    preload = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--preload"]
+    for module in preload:
+        try:
+            __import__(module)
+        except Exception as e:  # a broken tool module must not take the others down
+            print(f"torch-skills worker: could not preload {module}: {e!r}", file=sys.stderr)
+    cuda = bool(torch.cuda.is_available())
+    zygote = Zygote(out_fd, cuda)
+    zygote.send({"event": "ready", "pid": os.getpid(), "torch": torch.__version__, "cuda": cuda})
+    zygote.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,133 @@
+"""The user-code contract shared by every torch tool, as pydantic models (no torch here).
+
+Use `CodeRef.parse("models/net.py:build")` to split a reference, and embed `ModelInputs` in a
+tool's request. The worker side that actually imports and calls the code is
+`tools.runner.usercode`.
+
+A reference is either `path/to/file.py:name` (a file, relative to the server's working directory)
+or `package.module:name` (an importable module). `name` may be dotted (`Net.from_config`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
+Device = Literal["auto", "cpu", "cuda"]
+
+_MODULE_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_ATTR_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+class CodeRefError(ValueError):
+    """A reference string that is not `file.py:name` or `package.module:name`."""
+
+
+class CodeRef(BaseModel):
+    """A parsed reference to a callable in the user's code."""
+
+    raw: str
+    path: str | None = Field(default=None, description="file path as given, when the reference names a file")
+    module: str | None = Field(default=None, description="dotted module, when the reference names a module")
+    attr: str
+
+    @classmethod
+    def parse(cls, text: str) -> CodeRef:
+        """Split `"file.py:build"` or `"pkg.mod:build"`; raise CodeRefError with an example otherwise."""
+        text = text.strip()
+        if ":" not in text:
+            raise CodeRefError(
+                f"{text!r} names no callable: write 'path/to/file.py:factory' or 'package.module:factory'"
+            )
+        target, attr = text.rsplit(":", 1)
+        if not target or not _ATTR_RE.match(attr):
+            raise CodeRefError(f"{text!r}: after ':' comes the callable's name, e.g. 'models.py:build_model'")
+        if target.endswith(".py") or "/" in target or "\\" in target:
+            return cls(raw=text, path=target, attr=attr)
+        if _MODULE_RE.match(target):
+            return cls(raw=text, module=target, attr=attr)
+        raise CodeRefError(f"{text!r}: {target!r} is neither a .py file path nor a dotted module name")
+
+    @property
+    def display(self) -> str:
+        return self.path if self.path is not None else str(self.module)
+
+
+class ModelInputs(BaseModel):
+    """Which model to build and what to feed it: the fields every torch tool shares."""
+
+    model: str = Field(
+        description="the model factory: 'path/to/file.py:build' or 'package.module:build'; "
+        "called with no arguments (plus model_kwargs) it returns an nn.Module"
+    )
+    model_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments for the factory"
+    )
+    inputs: str | None = Field(
+        default=None,
+        description="'file.py:make_inputs' returning one batch (tensor, tuple or dict); "
+        "it may accept batch_size. Give this or input_shape.",
+    )
+    input_shape: list[int] | None = Field(
+        default=None,
+        description="shape of one random input batch, e.g. [8, 3, 32, 32]; used when inputs is not given",
+    )
+    input_dtype: DType = Field(default="float32", description="dtype of the random input batch")
+    loss: str | None = Field(
+        default=None,
+        description="'file.py:loss_fn' called as loss_fn(output, batch) -> scalar; "
+        "default: the mean of the output (or the sum of the means of its tensors)",
+    )
+    device: Device = Field(default="auto", description="'auto' uses CUDA when present, else CPU")
+
+    @field_validator("model")
+    @classmethod
+    def _model_is_a_reference(cls, value: str) -> str:
+        CodeRef.parse(value)
+        return value
+
+    @field_validator("inputs", "loss")
+    @classmethod
+    def _optional_reference(cls, value: str | None) -> str | None:
+        if value is not None:
+            CodeRef.parse(value)
+        return value
+
+    @field_validator("input_shape")
+    @classmethod
+    def _shape_is_sane(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value or len(value) > 8 or any(d <= 0 for d in value):
+                raise ValueError("input_shape needs 1 to 8 positive sizes, e.g. [8, 3, 32, 32]")
+            numel = 1
+            for d in value:
+                numel *= d
+            if numel > 2**34:
+                raise ValueError(f"input_shape {value} has {numel} elements; that is beyond any real batch")
+        return value
+
+    @model_validator(mode="after")
+    def _needs_some_input(self) -> ModelInputs:
+        if self.inputs is None and self.input_shape is None:
+            raise ValueError("give inputs ('file.py:make_inputs') or input_shape (e.g. [8, 3, 32, 32])")
+        return self
+
+    def code_refs(self) -> list[CodeRef]:
+        """Every reference in this request, for the allowed-roots check."""
+        refs = [CodeRef.parse(self.model)]
+        refs += [CodeRef.parse(r) for r in (self.inputs, self.loss) if r is not None]
+        return refs
+
+
+def referenced_files(refs: list[CodeRef], cwd: Path) -> list[Path]:
+    """Absolute file paths that file-style references point at (module references are checked in the worker)."""
+    out = []
+    for ref in refs:
+        if ref.path is not None:
+            p = Path(ref.path)
+            out.append(p if p.is_absolute() else cwd / p)
+    return out
