@@ -47,7 +47,7 @@ from tools.skillpack.loader import (
     mime_type_for,
 )
 from tools.skillpack.router import RouterFormatError, parse_router
-from tools.userspec import CodeRefError
+from tools.userspec import CodeRefError, Device, DType
 
 log = logging.getLogger("torch-skills")
 
@@ -221,6 +221,31 @@ async def run_in_worker(
     return result
 
 
+# Arguments every torch tool shares (the user-code contract, tools.userspec.ModelInputs).
+ModelArg = Annotated[
+    str,
+    Field(
+        description="model factory, 'path/to/file.py:build' or 'package.module:build'; returns an nn.Module"
+    ),
+]
+ModelKwargsArg = Annotated[dict[str, Any] | None, Field(description="keyword arguments for the factory")]
+InputsArg = Annotated[
+    str | None,
+    Field(
+        description="'file.py:make_inputs' returning one batch (tensor, tuple or dict); or give input_shape"
+    ),
+]
+InputShapeArg = Annotated[
+    list[int] | None, Field(description="shape of a random input batch, e.g. [8, 3, 32, 32]")
+]
+InputDtypeArg = Annotated[DType, Field(description="dtype of the random input batch")]
+LossArg = Annotated[
+    str | None,
+    Field(description="'file.py:loss_fn' called as loss_fn(output, batch); default: mean of the output"),
+]
+DeviceArg = Annotated[Device, Field(description="'auto' uses CUDA when present")]
+RUNS_USER_CODE = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+
 TimeoutArg = Annotated[float, Field(gt=0, le=3600, description="seconds before the run is stopped")]
 MemoryArg = Annotated[
     float | None,
@@ -376,7 +401,13 @@ def skill_tools(pack: SkillPack) -> dict[str, list[str]]:
 
 
 def _register_torch_tools(mcp: MCPServer) -> None:
-    """The tools that run the user's code. Each one: build the request, run it in a worker, return the result."""
+    """The tools that run the user's code.
+
+    Each one follows the same three steps: build its request model (a `ModelInputs` subclass from
+    `tools/<tool>/models.py`) inside `anticipated_errors()`, `run_in_worker(ctx,
+    "tools.<tool>.worker:run", request, ..., check_paths=[...every file it names...])`, and
+    validate the returned dict into its result model (which has a `run: RunInfo | None` field).
+    """
 
 
 # ------------------------------------------------------------------------------------------------
