@@ -1,0 +1,220 @@
+"""Find and run the Python code blocks in the skills, so every example is proven to work.
+
+Check a skill while writing it:
+    python -m tools.skillpack.codeblocks skills/debugging-techniques
+
+The info string after the fence says how a block is checked:
+- ```python              runs on CPU as a standalone script (its own imports) in a fresh process
+- ```python raises=Name  must raise the exception Name (for "Don't" examples that show an error)
+- ```python cuda         needs a GPU: compiled here, run where CUDA is present
+- ```python torchrun     a distributed script: run as `torchrun --standalone --nproc-per-node 2`
+                         on CPU, so it must pick the gloo backend when CUDA is absent
+Other languages (bash, text, ...) are not run. Blocks run in a temporary working directory with
+a 120 s timeout; keep them to small tensors and a few seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+KNOWN_TAGS = {"cuda", "torchrun"}
+
+
+@dataclass(frozen=True)
+class CodeBlock:
+    file: Path
+    line: int  # line of the opening fence
+    language: str
+    tags: frozenset[str]
+    raises: str | None
+    code: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def mode(self) -> str:
+        """'run', 'compile' (needs CUDA) or 'torchrun'."""
+        if "torchrun" in self.tags:
+            return "torchrun"
+        if "cuda" in self.tags:
+            return "compile"
+        return "run"
+
+
+def extract_blocks(path: Path) -> list[CodeBlock]:
+    """Every fenced code block of a Markdown file, Python or not."""
+    blocks: list[CodeBlock] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info, start = m.group("fence"), m.group("info").strip(), i + 1
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        words = info.split()
+        language = words[0].lower() if words else ""
+        raises = next((w.split("=", 1)[1] for w in words[1:] if w.startswith("raises=")), None)
+        tags = frozenset(w for w in words[1:] if not w.startswith("raises="))
+        blocks.append(CodeBlock(path, start, language, tags, raises, textwrap.dedent("\n".join(body)) + "\n"))
+    return blocks
+
+
+def python_blocks(paths: list[Path]) -> list[CodeBlock]:
+    """The Python blocks of every .md file under the given files or folders."""
+    files: list[Path] = []
+    for p in paths:
+        files += sorted(p.rglob("*.md")) if p.is_dir() else [p]
+    return [b for f in files for b in extract_blocks(f) if b.language in ("python", "py")]
+
+
+def run_block(request: dict[str, Any], job: Any) -> dict[str, Any]:
+    """Worker function (tools.runner): exec one block's code as `__main__` in the job's directory."""
+    import os
+
+    os.chdir(job.job_dir)
+    code, raises = request["code"], request.get("raises")
+    namespace: dict[str, Any] = {"__name__": "__main__", "__file__": str(job.job_dir / "block.py")}
+    started = time.perf_counter()
+    try:
+        exec(compile(code, request.get("where", "<block>"), "exec"), namespace)
+    except BaseException as exc:  # noqa: BLE001 - the block's outcome is the result
+        name = type(exc).__name__
+        if raises and name == raises:
+            return {"ok": True, "raised": name, "seconds": time.perf_counter() - started}
+        import traceback
+
+        return {
+            "ok": False,
+            "error": "".join(traceback.format_exception(exc))[-3000:],
+            "seconds": time.perf_counter() - started,
+        }
+    if raises:
+        return {
+            "ok": False,
+            "error": f"expected the block to raise {raises}, but it finished",
+            "seconds": time.perf_counter() - started,
+        }
+    return {"ok": True, "raised": None, "seconds": time.perf_counter() - started}
+
+
+def run_torchrun(block: CodeBlock, timeout_s: float = 180) -> tuple[bool, str]:
+    """Run a torchrun block with two CPU processes; (passed, output)."""
+    workdir = Path(tempfile.mkdtemp(prefix="torch-skills-block-"))
+    try:
+        script = workdir / "block.py"
+        script.write_text(block.code)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+        ]
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout_s)
+        return proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as e:
+        return False, f"timed out after {timeout_s} s\n{e.stdout or ''}{e.stderr or ''}"[-3000:]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def compile_block(block: CodeBlock) -> tuple[bool, str]:
+    try:
+        compile(block.code, block.where, "exec")
+    except SyntaxError as e:
+        return False, f"{e.msg} at line {e.lineno}"
+    return True, ""
+
+
+@dataclass
+class BlockOutcome:
+    block: CodeBlock
+    passed: bool
+    detail: str = ""
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def check_blocks(blocks: list[CodeBlock], *, timeout_s: float = 120) -> list[BlockOutcome]:
+    """Run/compile every block (runs go through the warm worker, one fork each)."""
+    from tools.runner.errors import WorkerError
+    from tools.runner.pool import WorkerPool
+
+    outcomes: list[BlockOutcome] = []
+    async with WorkerPool(max_concurrent=1, preload=("tools.skillpack.codeblocks",)) as pool:
+        for block in blocks:
+            if block.tags - KNOWN_TAGS:
+                outcomes.append(BlockOutcome(block, False, f"unknown tags {sorted(block.tags - KNOWN_TAGS)}"))
+                continue
+            ok, detail = compile_block(block)
+            if not ok or block.mode == "compile":
+                outcomes.append(BlockOutcome(block, ok, detail))
+                continue
+            if block.mode == "torchrun":
+                started = time.perf_counter()
+                ok, detail = run_torchrun(block)
+                outcomes.append(BlockOutcome(block, ok, detail, time.perf_counter() - started))
+                continue
+            request = {"code": block.code, "raises": block.raises, "where": block.where}
+            try:
+                job = await pool.run(
+                    "tools.skillpack.codeblocks:run_block",
+                    request,
+                    timeout_s=timeout_s,
+                    device="cpu",
+                    memory_limit_bytes=8 << 30,
+                )
+            except WorkerError as e:
+                outcomes.append(BlockOutcome(block, False, str(e)[-3000:]))
+                continue
+            res = job.result
+            outcomes.append(
+                BlockOutcome(
+                    block,
+                    bool(res["ok"]),
+                    res.get("error", "") + job.output[-1500:] if not res["ok"] else "",
+                    res["seconds"],
+                )
+            )
+    return outcomes
+
+
+def main(argv: list[str]) -> int:
+    import anyio
+
+    paths = [Path(a) for a in argv] or [Path(__file__).resolve().parents[2] / "skills"]
+    blocks = python_blocks(paths)
+    outcomes = anyio.run(check_blocks, blocks)
+    failed = [o for o in outcomes if not o.passed]
+    for o in outcomes:
+        status = "ok  " if o.passed else "FAIL"
+        print(f"{status} {o.block.mode:8} {o.seconds:6.2f}s {o.block.where}")
+    for o in failed:
+        print(f"\n--- {o.block.where} ---\n{o.detail}")
+    print(f"\n{len(outcomes) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
