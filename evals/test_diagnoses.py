@@ -9,7 +9,7 @@ import time
 import pytest
 from mcp import Client
 
-from evals import baseline, scoring, scenarios
+from evals import baseline, scenarios, scoring
 from evals.framework import Scenario, check
 
 

@@ -51,11 +51,15 @@ async def test_routing_does_not_regress_on_the_query_set(client: Client, path: P
     scoring.record_routing(score)
 
     if baseline.updating():
-        baseline.save_section("routing", path.stem, {"accuracy": round(score.accuracy, 4), "known_misses": sorted(misses)})
+        baseline.save_section(
+            "routing", path.stem, {"accuracy": round(score.accuracy, 4), "known_misses": sorted(misses)}
+        )
         return
     known = baseline.load()["routing"].get(path.stem)
     assert known is not None, f"no baseline for {path.name}: run EVALS_UPDATE_BASELINE=1 pytest evals/"
     new_misses = [m for m in misses if m not in set(known["known_misses"])]
-    detail = "\n".join(f"  expected {e}, got {g}: {q!r}" for q, e, g in score.misses if any(q in m for m in new_misses))
+    detail = "\n".join(
+        f"  expected {e}, got {g}: {q!r}" for q, e, g in score.misses if any(q in m for m in new_misses)
+    )
     assert not new_misses, f"{len(new_misses)} queries in {path.name} now route wrong:\n{detail}"
     assert score.accuracy >= known["accuracy"] - 1e-9

@@ -60,7 +60,11 @@ async def test_skills_get_returns_one_entry_and_rejects_an_unknown_skill_with_in
     """skills/get answers for a served skill and fails with -32602 otherwise."""
     got = await _skills_request(client, "skills/get", _GetParams(uri="skill://debugging-techniques/SKILL.md"))
     assert got["skill"]["frontmatter"] == PACK.get("debugging-techniques").frontmatter
-    for uri in ("skill://no-such-skill/SKILL.md", "https://example.com/SKILL.md", "skill://debugging-techniques/x.md"):
+    for uri in (
+        "skill://no-such-skill/SKILL.md",
+        "https://example.com/SKILL.md",
+        "skill://debugging-techniques/x.md",
+    ):
         with pytest.raises(MCPError) as err:
             await _skills_request(client, "skills/get", _GetParams(uri=uri))
         assert err.value.error.code == -32602
@@ -105,7 +109,9 @@ async def test_list_skills_and_get_skill_serve_clients_that_only_call_tools(clie
 
 async def test_get_skill_refuses_traversal_with_a_message_the_model_can_act_on(client: Client):
     """A bad path is a tool error listing the skill's files, not a crash."""
-    result = await client.call_tool("get_skill", {"name": "debugging-techniques", "path": "../../pyproject.toml"})
+    result = await client.call_tool(
+        "get_skill", {"name": "debugging-techniques", "path": "../../pyproject.toml"}
+    )
     assert result.is_error
     assert "not a relative path inside the skill" in result.content[0].text
     result = await client.call_tool("get_skill", {"name": "nope"})

@@ -60,7 +60,9 @@ def test_out_of_memory_under_fsdp_starts_with_distributed(router: Router):
     assert "tensor-operations-and-memory" in result.skills
 
 
-@pytest.mark.parametrize("query", ["fix my training", "my model is not working", "optimize my model", "help with pytorch"])
+@pytest.mark.parametrize(
+    "query", ["fix my training", "my model is not working", "optimize my model", "help with pytorch"]
+)
 def test_a_vague_query_gets_one_clarifying_question(router: Router, query: str):
     """No symptom, no route: ask once."""
     result = router.route(query)
@@ -69,7 +71,9 @@ def test_a_vague_query_gets_one_clarifying_question(router: Router, query: str):
     assert result.confidence == 0.0
 
 
-@pytest.mark.parametrize("query", ["", "   ", "¿Por qué mi modelo no aprende nada?", "模型训练很慢怎么办", "!!!???", "\x00\x01"])
+@pytest.mark.parametrize(
+    "query", ["", "   ", "¿Por qué mi modelo no aprende nada?", "模型训练很慢怎么办", "!!!???", "\x00\x01"]
+)
 def test_empty_junk_or_non_english_input_gets_a_clean_answer(router: Router, query: str):
     """Nothing routable yields the clarifying question, never an exception."""
     result = router.route(query)
@@ -78,7 +82,10 @@ def test_empty_junk_or_non_english_input_gets_a_clean_answer(router: Router, que
 
 def test_a_one_megabyte_log_is_routed_by_its_error_line(router: Router):
     """Huge pasted logs keep their tail, where the error is, and route quickly."""
-    log = "INFO step 1 loss 2.3\n" * 50_000 + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    log = (
+        "INFO step 1 loss 2.3\n" * 50_000
+        + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
     assert len(log) > 1_000_000
     result = router.route(log)
     assert result.skills[0] == "tensor-operations-and-memory"
@@ -93,13 +100,21 @@ def test_routing_follows_edits_to_the_router_skill(tmp_path: Path):
     assert before.clarify is not None
     router_md = skills / ROUTER_NAME / "SKILL.md"
     text = router_md.read_text()
-    router_md.write_text(text.replace("**Symptoms**\n- training is slow\n", "**Symptoms**\n- flux capacitor overheats\n- training is slow\n", 1))
+    router_md.write_text(
+        text.replace(
+            "**Symptoms**\n- training is slow\n",
+            "**Symptoms**\n- flux capacitor overheats\n- training is slow\n",
+            1,
+        )
+    )
     after = Router.from_pack(SkillPack.load(skills)).route(query)
     assert after.skills[0] == "performance-profiling"
 
 
 def test_confidence_is_higher_for_a_pasted_error_than_for_a_two_sided_query(router: Router):
     """Confidence reflects how clearly the evidence points at one skill."""
-    clear = router.route("RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation")
+    clear = router.route(
+        "RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation"
+    )
     mixed = router.route("save memory and time")
     assert 0 <= mixed.confidence < clear.confidence <= 1

@@ -91,7 +91,9 @@ async def test_progress_reported_in_the_worker_reaches_the_callback(pool: Worker
         ("allocate_huge", "out_of_memory", "smaller batch"),
     ],
 )
-async def test_a_crash_exit_or_exception_becomes_a_worker_error_that_names_it(pool: WorkerPool, fn: str, kind: str, text: str):
+async def test_a_crash_exit_or_exception_becomes_a_worker_error_that_names_it(
+    pool: WorkerPool, fn: str, kind: str, text: str
+):
     """Each failure mode has its own kind and a message with the next step."""
     with pytest.raises(WorkerError) as err:
         await pool.run(f"{JOBS}:{fn}", {}, timeout_s=30, memory_limit_bytes=4 << 30)

@@ -26,7 +26,9 @@ DEPRECATED_IN_CODE = {
     r"use_reentrant\s*=\s*True": "pass use_reentrant=False",
 }
 # In prose: only inside a sentence that says it is deprecated or not to use it.
-PROSE_WARNING = re.compile(r"deprecat|legacy|instead|never|don't|do not|not the|old|replace|removed|avoid", re.I)
+PROSE_WARNING = re.compile(
+    r"deprecat|legacy|instead|never|don't|do not|not the|old|replace|removed|avoid", re.I
+)
 
 
 def _block_id(block) -> str:
@@ -74,4 +76,6 @@ def test_prose_mentions_deprecated_apis_only_to_warn_against_them(path: Path):
             continue
         for pattern in (r"torch\.cuda\.amp", r"torch\.distributed\.launch", r"\bDataParallel\b"):
             if re.search(pattern, line):
-                assert PROSE_WARNING.search(line), f"{path}:{number} mentions {pattern} without warning against it"
+                assert PROSE_WARNING.search(line), (
+                    f"{path}:{number} mentions {pattern} without warning against it"
+                )

@@ -39,7 +39,10 @@ def test_the_check_flag_exits_zero_on_the_shipped_pack_and_non_zero_on_a_broken_
     assert ok.returncode == 0, ok.stderr
     (pack_copy / "debugging-techniques" / "SKILL.md").write_text("no frontmatter\n")
     bad = subprocess.run(
-        [sys.executable, "server.py", "--check", "--skills-dir", str(pack_copy)], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "server.py", "--check", "--skills-dir", str(pack_copy)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 1
     assert "debugging-techniques/SKILL.md:1" in bad.stderr
@@ -84,7 +87,9 @@ def test_a_broken_or_wrong_case_link_is_reported_with_its_line(pack_copy: Path):
     (pack_copy / "debugging-techniques" / "references").mkdir(exist_ok=True)
     (pack_copy / "debugging-techniques" / "references" / "forms.md").write_text("# forms\n")
     line = text.count("\n")
-    assert any(f"debugging-techniques/SKILL.md:{line}" in m and "does not resolve" in m for m in _messages(pack_copy))
+    assert any(
+        f"debugging-techniques/SKILL.md:{line}" in m and "does not resolve" in m for m in _messages(pack_copy)
+    )
 
 
 def test_a_link_to_another_skill_folder_is_reported(pack_copy: Path):
