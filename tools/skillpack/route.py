@@ -37,7 +37,9 @@ MIN_COVERAGE = 0.5
 MIN_EVIDENCE = 1.0  # below this best score the query is too vague to route
 TERM_WEIGHT = 0.35  # weight of single distinctive terms, next to whole phrases
 FOLLOW_RATIO = 0.45  # a second skill is listed when it scores this share of the first
-RULE_MIN_SHARE = 0.25  # a precedence rule reorders only when its first skill has this share of the top score
+# A precedence rule reorders only when its first skill has this share of the top score; a rule with
+# a single condition ("nan" -> debugging) needs more evidence than one with two ("nan" + "amp").
+RULE_MIN_SHARE = {True: 0.25, False: 0.6}
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
 
@@ -153,7 +155,7 @@ class Router:
         top = max(scores.values(), default=0.0)
         best: tuple[int, int, PrecedenceRule] | None = None
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
-            if scores.get(rule.first, 0.0) < RULE_MIN_SHARE * top:
+            if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
             if not any(set(t) <= qset for t in first_terms):
                 continue

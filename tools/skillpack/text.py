@@ -54,9 +54,14 @@ def stem(word: str) -> str:
                 break
             word = word[: len(word) - len(suffix)] + repl
             break
+    if len(word) == 3 and word[0] not in _VOWELS and word[1] in _VOWELS and word[2] not in _VOWELS + "wxy":
+        word += "e"  # 'timing' -> 'tim' -> 'time', the same stem as 'time'
     if word.endswith("e") and len(word) > 4:
         word = word[:-1]
     return word[:STEM_LENGTH]
+
+
+_VOWELS = "aeiou"
 
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -152,6 +157,8 @@ class Synonyms:
         self._longest = max((len(k) for k in self._rules), default=0)
 
     def apply(self, toks: list[str]) -> list[str]:
+        # hyphenated compounds take part word by word ('gpu-util' matches the rule 'gpu util')
+        toks = [part for tok in toks for part in (tok.split("-") if "-" in tok else [tok]) if part]
         out: list[str] = []
         i = 0
         while i < len(toks):
