@@ -54,7 +54,9 @@ async def test_print_spam_is_truncated_and_the_check_still_runs(client: Client):
 
 async def test_a_50_gb_allocation_is_an_out_of_memory_error(client: Client):
     """torch.ones(50 GiB) fails under the memory limit and says how to get more room."""
-    r = await client.call_tool("check_gradients", {"model": f"{FAULTS}:fifty_gigabytes", "input_shape": [8, 16]})
+    r = await client.call_tool(
+        "check_gradients", {"model": f"{FAULTS}:fifty_gigabytes", "input_shape": [8, 16]}
+    )
     assert r.is_error
     text = r.content[0].text
     assert "[out_of_memory]" in text and "memory_limit_gib" in text
@@ -63,7 +65,9 @@ async def test_a_50_gb_allocation_is_an_out_of_memory_error(client: Client):
 
 async def test_sys_exit_in_the_factory_is_reported_as_such(client: Client):
     """sys.exit(3) in user code becomes a sys_exit error telling where script logic belongs."""
-    r = await client.call_tool("check_gradients", {"model": f"{FAULTS}:calls_sys_exit", "input_shape": [8, 16]})
+    r = await client.call_tool(
+        "check_gradients", {"model": f"{FAULTS}:calls_sys_exit", "input_shape": [8, 16]}
+    )
     assert r.is_error
     text = r.content[0].text
     assert "[sys_exit]" in text and "sys.exit(3)" in text and "__main__" in text

@@ -19,7 +19,14 @@ async def test_a_healthy_model_returns_structured_results_with_run_facts(client:
     data = r.structured_content
     assert data["mode"] == "model" and data["findings"] == []
     assert data["loss"]["finite"] is True and data["loss"]["how"].startswith("mean of the output")
-    assert [p["name"] for p in data["parameters"]] == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    assert [p["name"] for p in data["parameters"]] == [
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+        "4.weight",
+        "4.bias",
+    ]
     assert data["run"]["device"] == "cpu" and data["run"]["torch_version"]
     assert data["run"]["wall_time_s"] > 0
     assert data["summary"].startswith("No gradient problems")
@@ -30,7 +37,12 @@ async def test_a_forward_nan_is_located_through_mcp(client: Client):
     r = await client.call_tool("check_gradients", {"model": f"{ZOO}:log_of_zero", "input_shape": [8, 16]})
     assert not r.is_error, r.content
     where = r.structured_content["nonfinite"]
-    assert (where["phase"], where["module"], where["op"], where["inputs_finite"]) == ("forward", "log", "log", True)
+    assert (where["phase"], where["module"], where["op"], where["inputs_finite"]) == (
+        "forward",
+        "log",
+        "log",
+        True,
+    )
     assert where["source"] and "gradient_zoo.py:" in where["source"]
     assert r.structured_content["findings"][0]["skill"] == "debugging-techniques"
 
@@ -43,7 +55,11 @@ async def test_a_backward_nan_is_located_through_mcp(client: Client):
     )
     assert not r.is_error, r.content
     where = r.structured_content["nonfinite"]
-    assert (where["phase"], where["autograd_node"], where["module"]) == ("backward", "SqrtBackward0", "normalize")
+    assert (where["phase"], where["autograd_node"], where["module"]) == (
+        "backward",
+        "SqrtBackward0",
+        "normalize",
+    )
 
 
 async def test_gradcheck_mode_runs_through_mcp(client: Client):

@@ -206,7 +206,9 @@ def test_exploding_init_is_flagged(check):
     """Weights with std 1 in a deep ReLU stack give gradient norms far above the threshold."""
     result = check(model=f"{ZOO}:exploding_init", input_shape=[8, 16])
     assert "exploding_gradients" in codes(result)
-    assert result.total_grad_norm is not None and result.total_grad_norm > result.thresholds.exploding_grad_norm
+    assert (
+        result.total_grad_norm is not None and result.total_grad_norm > result.thresholds.exploding_grad_norm
+    )
     assert any("large_grad" in p.flags for p in result.parameters)
 
 
