@@ -5,6 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
+import torch
 from mcp import Client
 
 from tests.conftest import FIXTURES
@@ -124,3 +126,20 @@ async def test_an_inputs_or_loss_file_outside_the_roots_is_refused_too(client: C
             {"model": f"{ZOO}:healthy_mlp", "input_shape": [2, 16], argument: f"{outside}:make_inputs"},
         )
         assert r.is_error and "outside the allowed roots" in r.content[0].text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_nan_localization_works_the_same_on_cuda(client: Client):
+    """Forward and backward NaNs are located on a CUDA device as on the CPU."""
+    forward = await client.call_tool(
+        "check_gradients", {"model": f"{ZOO}:log_of_zero", "input_shape": [8, 16], "device": "cuda"}
+    )
+    backward = await client.call_tool(
+        "check_gradients",
+        {"model": f"{ZOO}:sqrt_of_zero_backward", "inputs": f"{ZOO}:inputs_with_zero_rows", "device": "cuda"},
+    )
+    assert not forward.is_error and not backward.is_error
+    assert forward.structured_content["run"]["device"].startswith("cuda")
+    assert forward.structured_content["nonfinite"]["op"] == "log"
+    assert backward.structured_content["nonfinite"]["autograd_node"] == "SqrtBackward0"

@@ -153,6 +153,16 @@ def test_an_fp16_overflow_points_to_mixed_precision(check):
     assert skill_of(result, "fp16_overflow") == "mixed-precision-and-optimization"
 
 
+def test_a_nan_the_rerun_cannot_reproduce_is_still_reported(check):
+    """When the traced rerun comes out finite, the phase is still reported and flagged as not reproduced."""
+    result = check(model=f"{ZOO}:nan_on_first_call_only", input_shape=[8, 16])
+    where = result.nonfinite
+    assert where is not None
+    assert (where.phase, where.located_by, where.module) == ("forward", "not_reproduced", None)
+    assert codes(result)[0] == "nonfinite_forward"
+    assert "rerun" in result.findings[0].message
+
+
 # -- parameters without gradients ------------------------------------------------------------------
 def test_an_unused_branch_is_reported_as_never_run(check):
     """A head the forward never calls is listed as unused, for the module-design skill."""

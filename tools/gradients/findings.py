@@ -47,6 +47,21 @@ def _finding(severity: str, code: str, message: str, skill: str | None) -> Findi
 def nonfinite_findings(where: NonfiniteLocation, loss_how: str | None) -> list[Finding]:
     kind = _KIND_TEXT[where.kind]
     out: list[Finding] = []
+    if where.located_by == "not_reproduced":
+        code = {"forward": "nonfinite_forward", "loss": "nonfinite_loss"}.get(
+            where.phase, "nonfinite_backward"
+        )
+        out.append(
+            _finding(
+                "error",
+                code,
+                f"The {where.phase} pass produces {kind}, but a traced rerun with the same seed came out finite, "
+                "so no op can be named (nondeterministic code or kernels). Call again, or check the values "
+                "module by module with forward hooks.",
+                "debugging-techniques",
+            )
+        )
+        return out
     if where.phase == "input":
         out.append(
             _finding(

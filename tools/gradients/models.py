@@ -157,8 +157,11 @@ class NonfiniteLocation(BaseModel):
     source: str | None = Field(
         default=None, description="'file.py:line' in the user's code that ran the op, when it could be found"
     )
-    located_by: Literal["module_hooks", "op_trace", "autograd_hooks", "parameter_scan", "input_scan"] = Field(
-        description="module_hooks: module granularity only; op_trace/autograd_hooks: exact op or node"
+    located_by: Literal[
+        "module_hooks", "op_trace", "autograd_hooks", "parameter_scan", "input_scan", "not_reproduced"
+    ] = Field(
+        description="op_trace/autograd_hooks: the exact op or node; module_hooks: module granularity only; "
+        "not_reproduced: the traced rerun came out finite, so only the phase is known"
     )
 
 
@@ -259,7 +262,8 @@ class GradcheckReport(BaseModel):
     passed: bool = Field(description="torch.autograd.gradcheck's verdict")
     message: str = Field(description="gradcheck's message ('' when it passed), shortened")
     max_abs_error: float | None = Field(
-        description="max |numerical - analytical| over the whole Jacobian (computed by this tool)"
+        description="max |numerical - analytical| over the whole Jacobian (computed by this tool); None when "
+        "it is not finite or backward failed"
     )
     worst: JacobianEntry | None = Field(description="the Jacobian entry with that error")
     worst_output: list[int] | None = Field(description="[output tensor, *index] of the worst entry")

@@ -1,6 +1,6 @@
 """Small tensor helpers shared by the gradient probes (worker side only: imports torch).
 
-Use `tensors_in(obj)` to collect the tensors in nested outputs, `all_finite(ts)` / `kind_of(t)` to
+Use `tensors_in(obj)` to collect the tensors in nested outputs, `is_finite(t)` / `kind_of(t)` to
 test them, and `user_source()` for the 'file.py:line' of the user's code calling into torch.
 """
 
@@ -10,7 +10,6 @@ import math
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +48,6 @@ def checkable(t: torch.Tensor) -> bool:
 
 def is_finite(t: torch.Tensor) -> bool:
     return not checkable(t) or bool(torch.isfinite(t.detach()).all())
-
-
-def all_finite(ts: Iterable[torch.Tensor | None]) -> bool:
-    return all(is_finite(t) for t in ts if t is not None)
 
 
 def kind_of(t: torch.Tensor) -> str:

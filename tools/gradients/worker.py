@@ -11,6 +11,12 @@ Model mode runs one training step without the optimizer:
      name the op, module, source line and autograd node;
   4. findings and summary (`findings`).
 Gradcheck mode (`function=...`) runs `tools.gradients.gradcheck` instead.
+
+Known limitations: one batch and one step, without the optimizer, so problems that need many
+steps to appear (a learning rate that diverges after 500 steps) show only as large gradients
+or ratios; the thresholds in GradientThresholds are heuristics; dead-activation statistics cover
+ReLU-family modules, not F.relu calls; models whose forward changes state between calls may not
+reproduce a NaN in the traced rerun (reported as located_by='not_reproduced').
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from tools.gradients.models import (
     StepTimings,
 )
 from tools.gradients.probe import ForwardProbe
-from tools.gradients.tensors import all_finite, dtype_name, is_finite, kind_of, tensors_in
+from tools.gradients.tensors import dtype_name, is_finite, kind_of, tensors_in
 from tools.gradients.trace import BackwardWatch, OpTracer, graph_nodes
 from tools.runner.child import JobContext
 from tools.runner.errors import UserCodeError
@@ -128,8 +134,11 @@ def examine(
         result.custom_functions = _custom_functions(loss, step.cwd)
         with _timed(timings, "backward_s"), user_code("the backward pass"):
             loss.backward()
-    output_finite = all_finite(tensors_in(output))
-    del output, loss
+    bad_output = next((t for t in tensors_in(output) if not is_finite(t)), None)
+    output_finite = bad_output is None
+    first_bad = bad_output if bad_output is not None else (loss if not result.loss.finite else None)
+    first_kind = kind_of(first_bad) if first_bad is not None else None
+    del output, loss, bad_output, first_bad
 
     result.parameters = analysis.parameter_gradients(model, thresholds)
     result.total_grad_norm = analysis.total_grad_norm(result.parameters)
@@ -149,6 +158,13 @@ def examine(
         progress(2, STEPS, "locating the problem (traced rerun)")
         with _timed(timings, "localize_s"):
             _localize(step, result, need_values, need_backward, need_cuts)
+        if (need_values or need_backward) and result.nonfinite is None:
+            result.nonfinite = NonfiniteLocation(
+                phase="forward" if not output_finite else "loss" if not result.loss.finite else "backward",
+                module=None,
+                kind=first_kind or _first_grad_kind(model),  # type: ignore[arg-type]
+                located_by="not_reproduced",
+            )
 
     progress(3, STEPS, "analysing")
     return diagnose(result)
@@ -164,6 +180,13 @@ def _describe_loss(loss: torch.Tensor, how: str) -> LossInfo:
         requires_grad=loss.requires_grad,
         how=how,
     )
+
+
+def _first_grad_kind(model: nn.Module) -> str:
+    for p in model.parameters():
+        if p.grad is not None and not is_finite(p.grad):
+            return kind_of(p.grad)
+    return "nan"
 
 
 def _nonfinite_batch(batch: Any) -> NonfiniteLocation | None:
