@@ -394,11 +394,18 @@ def diagnose(result: GradientResult) -> GradientResult:
         result.summary = _healthy_summary(result) + (f" Notes: {', '.join(notes)}." if notes else "")
         return result
     top = problems[0]
-    others = sorted({f.code for f in findings[1:]} - {top.code})
-    summary = top.message
-    if others:
-        summary += f" Also found: {', '.join(others)}."
+    others = sorted({f.code for f in findings} - {top.code})
+    also = f" (also found: {', '.join(others)})" if others else ""
     if top.skill:
-        summary += f" Read the {top.skill} skill for the fix."
-    result.summary = summary
+        next_step = f" Read the {top.skill} skill for the fix{also}."
+    else:
+        next_step = f" Also found: {', '.join(others)}." if others else ""
+    result.summary = _first_sentences(top.message, 2) + next_step
     return result
+
+
+def _first_sentences(text: str, n: int) -> str:
+    """The first n sentences (split at '. '; the messages here use no abbreviations)."""
+    parts = text.split(". ")
+    head = ". ".join(parts[:n])
+    return head if head.endswith(".") else head + "."
