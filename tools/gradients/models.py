@@ -279,14 +279,16 @@ class GradcheckReport(BaseModel):
 class StepTimings(BaseModel):
     """Seconds spent in each step inside the worker."""
 
-    build_s: float = 0.0
-    inputs_s: float = 0.0
-    forward_s: float = 0.0
-    backward_s: float = 0.0
+    build_s: float = Field(default=0.0, description="importing the user's file and calling the factory")
+    inputs_s: float = Field(default=0.0, description="building the batch")
+    forward_s: float = Field(default=0.0, description="the hooked forward pass plus the loss")
+    backward_s: float = Field(default=0.0, description="loss.backward()")
     localize_s: float = Field(
         default=0.0, description="the second, traced pass; 0 when nothing needed locating"
     )
-    gradcheck_s: float = 0.0
+    gradcheck_s: float = Field(
+        default=0.0, description="gradcheck mode: gradcheck plus the Jacobian comparison"
+    )
 
 
 class GradientResult(BaseModel):
