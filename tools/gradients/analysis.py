@@ -82,16 +82,23 @@ def parameter_gradients(model: nn.Module, thresholds: GradientThresholds) -> lis
                 requires_grad=p.requires_grad,
                 grad_norm=g,
                 param_norm=w,
-                ratio=(g / w) if (g is not None and w) else None,
+                ratio=finite_or_none(g / w) if (g is not None and w) else None,
                 flags=flags,  # type: ignore[arg-type]
             )
         )
     return out
 
 
+def _l2(norms: list[float]) -> float | None:
+    """L2 norm of a list of norms, scaled first so squares of huge values do not overflow."""
+    if not norms:
+        return None
+    scale = max(norms) or 1.0
+    return finite_or_none(scale * math.sqrt(sum((n / scale) ** 2 for n in norms)))
+
+
 def total_grad_norm(params: list[ParameterGradient]) -> float | None:
-    norms = [p.grad_norm for p in params if p.grad_norm is not None]
-    return math.sqrt(sum(n * n for n in norms)) if norms else None
+    return _l2([p.grad_norm for p in params if p.grad_norm is not None])
 
 
 def first_nonfinite_parameter(model: nn.Module) -> NonfiniteLocation | None:
@@ -134,9 +141,9 @@ def depth_profile(
         group = by_owner[owner]
         with_grad = [p for p in group if "no_grad" not in p.flags]
         finite = all(p.grad_norm is not None for p in with_grad)
-        grad = math.sqrt(sum(p.grad_norm**2 for p in with_grad)) if with_grad and finite else None  # type: ignore[operator]
+        grad = _l2([p.grad_norm for p in with_grad]) if with_grad and finite else None  # type: ignore[misc]
         weights = [p.param_norm for p in group]
-        weight = math.sqrt(sum(w * w for w in weights)) if all(w is not None for w in weights) else None  # type: ignore[operator]
+        weight = _l2(weights) if all(w is not None for w in weights) else None  # type: ignore[arg-type]
         layers.append(
             LayerGradient(
                 depth=depth,
@@ -144,7 +151,7 @@ def depth_profile(
                 module_type=activity[owner].type_name,
                 grad_norm=grad,
                 param_norm=weight,
-                ratio=(grad / weight) if (grad is not None and weight) else None,
+                ratio=finite_or_none(grad / weight) if (grad is not None and weight) else None,
             )
         )
     usable = [layer for layer in layers if layer.grad_norm]  # finite and non-zero
@@ -157,6 +164,7 @@ def depth_profile(
         trend = "vanishing"
     else:
         trend = "stable"
+    ratio = finite_or_none(ratio) if ratio is not None else None  # trend above already used the raw value
     return DepthProfile(layers=layers, first_to_last_ratio=ratio, trend=trend)  # type: ignore[arg-type]
 
 
