@@ -221,7 +221,7 @@ class OpTracer(TorchFunctionMode):
         others = [x for x in tensors_in((args, kwargs)) if x is not t]
         for x in others:
             inherited = self._known_origin(x)
-            if inherited is not None:
+            if inherited is not None and not is_finite(x):  # it may have been repaired in place since
                 self.mark(t, inherited)
                 return
         module = self.module
