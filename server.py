@@ -35,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
+from tools.gradients.models import GradientRequest, GradientResult
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool, default_memory_limit_bytes
@@ -67,7 +68,7 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 `get_skill`."""
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
-WORKER_PRELOAD = ("tools.runner.usercode",)
+WORKER_PRELOAD = ("tools.runner.usercode", "tools.gradients.worker")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -427,6 +428,74 @@ def _register_torch_tools(mcp: MCPServer) -> None:
     "tools.<tool>.worker:run", request, ..., check_paths=[...every file it names...])`, and
     validate the returned dict into its result model (which has a `run: RunInfo | None` field).
     """
+
+    # -- check_gradients --
+    @mcp.tool(annotations=RUNS_USER_CODE)
+    async def check_gradients(
+        ctx: Context,
+        model: Annotated[
+            str | None,
+            Field(
+                description="model factory, 'path/to/file.py:build' or 'package.module:build'; give this or function"
+            ),
+        ] = None,
+        function: Annotated[
+            str | None,
+            Field(
+                description="gradcheck mode instead of a model: 'file.py:MyFunction', an autograd.Function subclass "
+                "or a plain callable; inputs/input_shape are its arguments (keep them small, e.g. [3, 4])"
+            ),
+        ] = None,
+        model_kwargs: ModelKwargsArg = None,
+        inputs: InputsArg = None,
+        input_shape: InputShapeArg = None,
+        input_dtype: InputDtypeArg = "float32",
+        loss: LossArg = None,
+        device: DeviceArg = "auto",
+        gradgradcheck: Annotated[
+            bool, Field(description="gradcheck mode: also check second derivatives")
+        ] = False,
+        fast_mode: Annotated[
+            bool, Field(description="gradcheck mode: torch's faster randomized gradcheck")
+        ] = False,
+        train_mode: Annotated[
+            bool, Field(description="run the model in train() mode (False: eval())")
+        ] = True,
+        timeout_s: TimeoutArg = 120.0,
+        memory_limit_gib: MemoryArg = None,
+    ) -> GradientResult:
+        """Run one forward + backward on the user's model and say what is wrong with its gradients.
+
+        Finds where the first NaN/Inf is created (module, op, source line; forward, loss or backward,
+        with the autograd node), parameters that get no gradient and why (branch never run, detach,
+        no_grad), exploding/vanishing gradients by layer depth, dead ReLUs, and per-parameter grad and
+        weight norms. With `function` instead of `model` it runs torch.autograd.gradcheck on a custom
+        autograd.Function in float64 and names the worst Jacobian entry. Each finding names the skill
+        to read for the fix."""
+        with anticipated_errors():
+            request = GradientRequest(
+                model=model,
+                function=function,
+                model_kwargs=model_kwargs or {},
+                inputs=inputs,
+                input_shape=input_shape,
+                input_dtype=input_dtype,
+                loss=loss,
+                device=device,
+                gradgradcheck=gradgradcheck,
+                fast_mode=fast_mode,
+                train_mode=train_mode,
+            )
+        result = await run_in_worker(
+            ctx,
+            "tools.gradients.worker:run",
+            request,
+            timeout_s=timeout_s,
+            memory_limit_gib=memory_limit_gib,
+            device=device,
+            check_paths=[ref.path for ref in request.code_refs() if ref.path is not None],
+        )
+        return GradientResult.model_validate(result)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The warm worker: imports torch once, then forks one fresh child per tool call.
 
-Run by `WorkerPool` as `python -m tools.runner.zygote [--preload MODULE ...]`; it speaks the
+Run by `WorkerPool` as `python -m tools.runner.zygote [--preload MODULE ...]`. A preloaded
+module may define `warm_up()`: it is called once after the import, before any fork, to run the
+tool's code paths on tiny tensors (keep them below torch's parallel grain size, so no OpenMP
+threads exist at fork time). It speaks the
 JSON-lines protocol of `tools.runner.protocol` on its stdin and on the stdout it was started
 with. Nothing else may write there, so fd 1 is pointed at stderr right away and the protocol uses
 a private duplicate.
@@ -231,6 +234,9 @@ def main(argv: list[str]) -> None:
     for module in preload:
         try:
             __import__(module)
+            warm_up = getattr(sys.modules[module], "warm_up", None)
+            if callable(warm_up):
+                warm_up()  # first-use costs paid once here instead of in every forked child
         except Exception as e:  # a broken tool module must not take the others down
             print(f"torch-skills worker: could not preload {module}: {e!r}", file=sys.stderr)
     cuda = bool(torch.cuda.is_available())
