@@ -54,7 +54,9 @@ async def test_routing_does_not_regress_on_the_query_set(client: Client, path: P
 
     if baseline.updating():
         baseline.save_section(
-            "routing", path.stem, {"accuracy": round(score.accuracy, 4), "known_misses": sorted(misses)}
+            "routing",
+            path.stem,
+            {"correct": score.correct, "total": score.total, "known_misses": sorted(misses)},
         )
         return
     known = baseline.load()["routing"].get(path.stem)
@@ -64,4 +66,6 @@ async def test_routing_does_not_regress_on_the_query_set(client: Client, path: P
         f"  expected {e}, got {g}: {q!r}" for q, e, g in score.misses if any(q in m for m in new_misses)
     )
     assert not new_misses, f"{len(new_misses)} queries in {path.name} now route wrong:\n{detail}"
-    assert score.accuracy >= known["accuracy"] - 1e-9
+    assert score.correct >= known["correct"], (
+        f"{score.correct}/{score.total} right, baseline {known['correct']}"
+    )
