@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 KNOWN_TAGS = {"cuda", "torchrun"}
 
@@ -156,28 +158,34 @@ class BlockOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-async def check_blocks(blocks: list[CodeBlock], *, timeout_s: float = 120) -> list[BlockOutcome]:
-    """Run/compile every block (runs go through the warm worker, one fork each)."""
+async def check_blocks(
+    blocks: list[CodeBlock], *, timeout_s: float = 120, concurrency: int = 2
+) -> list[BlockOutcome]:
+    """Run/compile every block; runs go through the warm worker (one fork each), torchrun blocks
+    in their own processes, `concurrency` at a time. Outcomes come back in the blocks' order."""
     from tools.runner.errors import WorkerError
     from tools.runner.pool import WorkerPool
 
-    outcomes: list[BlockOutcome] = []
-    async with WorkerPool(max_concurrent=1, preload=("tools.skillpack.codeblocks",)) as pool:
-        for block in blocks:
-            if block.tags - KNOWN_TAGS:
-                outcomes.append(BlockOutcome(block, False, f"unknown tags {sorted(block.tags - KNOWN_TAGS)}"))
-                continue
-            ok, detail = compile_block(block)
-            if not ok or block.mode == "compile":
-                outcomes.append(BlockOutcome(block, ok, detail))
-                continue
-            if block.mode == "torchrun":
-                started = time.perf_counter()
-                ok, detail = run_torchrun(block)
-                outcomes.append(BlockOutcome(block, ok, detail, time.perf_counter() - started))
-                continue
-            request = {"code": block.code, "raises": block.raises, "where": block.where}
-            try:
+    outcomes: list[BlockOutcome | None] = [None] * len(blocks)
+    slots = anyio.Semaphore(concurrency)
+
+    async def check(index: int, block: CodeBlock, pool: WorkerPool) -> None:
+        if block.tags - KNOWN_TAGS:
+            outcomes[index] = BlockOutcome(block, False, f"unknown tags {sorted(block.tags - KNOWN_TAGS)}")
+            return
+        ok, detail = compile_block(block)
+        if not ok or block.mode == "compile":
+            outcomes[index] = BlockOutcome(block, ok, detail)
+            return
+        started = time.perf_counter()
+        if block.mode == "torchrun":
+            async with slots:
+                ok, detail = await anyio.to_thread.run_sync(run_torchrun, block)
+            outcomes[index] = BlockOutcome(block, ok, detail, time.perf_counter() - started)
+            return
+        request = {"code": block.code, "raises": block.raises, "where": block.where}
+        try:
+            async with slots:
                 job = await pool.run(
                     "tools.skillpack.codeblocks:run_block",
                     request,
@@ -185,24 +193,24 @@ async def check_blocks(blocks: list[CodeBlock], *, timeout_s: float = 120) -> li
                     device="cpu",
                     memory_limit_bytes=8 << 30,
                 )
-            except WorkerError as e:
-                outcomes.append(BlockOutcome(block, False, str(e)[-3000:]))
-                continue
-            res = job.result
-            outcomes.append(
-                BlockOutcome(
-                    block,
-                    bool(res["ok"]),
-                    res.get("error", "") + job.output[-1500:] if not res["ok"] else "",
-                    res["seconds"],
-                )
-            )
-    return outcomes
+        except WorkerError as e:
+            outcomes[index] = BlockOutcome(block, False, str(e)[-3000:])
+            return
+        res = job.result
+        detail = "" if res["ok"] else res.get("error", "") + job.output[-1500:]
+        outcomes[index] = BlockOutcome(block, bool(res["ok"]), detail, res["seconds"])
+
+    preload = ("tools.skillpack.codeblocks",)
+    async with (
+        WorkerPool(max_concurrent=concurrency, preload=preload) as pool,
+        anyio.create_task_group() as tg,
+    ):
+        for index, block in enumerate(blocks):
+            tg.start_soon(check, index, block, pool)
+    return [o for o in outcomes if o is not None]
 
 
 def main(argv: list[str]) -> int:
-    import anyio
-
     paths = [Path(a) for a in argv] or [Path(__file__).resolve().parents[2] / "skills"]
     blocks = python_blocks(paths)
     outcomes = anyio.run(check_blocks, blocks)
