@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +17,28 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 @pytest.fixture(scope="session")
 async def client() -> AsyncIterator[Client]:
-    """An in-memory Client connected to build_server(); its warm worker is shared by all tests."""
-    async with Client(build_server(allow=[FIXTURES])) as c:
-        yield c
+    """An in-memory Client connected to build_server(); its warm worker is shared by all tests.
+
+    The client is entered and exited inside one long-lived task: pytest-asyncio runs a fixture's
+    setup and teardown in different tasks, and anyio's cancel scopes must exit in the task that
+    entered them.
+    """
+    ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+    done = asyncio.Event()
+
+    async def hold() -> None:
+        try:
+            async with Client(build_server(allow=[FIXTURES])) as c:
+                ready.set_result(c)
+                await done.wait()
+        except BaseException as e:
+            if not ready.done():
+                ready.set_exception(e)
+            raise
+
+    task = asyncio.create_task(hold())
+    try:
+        yield await ready
+    finally:
+        done.set()
+        await task
