@@ -363,7 +363,10 @@ class _Machine:
             return _Ref(qualified, self.op_pos, True, None)
         risk = risk_of(qualified)
         if module.split(".", 1)[0] in TORCH_BLOCKLISTED_MODULES:
-            reason = f"{qualified}: module {module.split('.', 1)[0]} is blocked by torch's weights_only loader even when allowlisted"
+            reason = (
+                f"{qualified} reaches the operating system; torch's weights_only loader blocks module "
+                f"{module.split('.', 1)[0]} even when allowlisted"
+            )
         elif risk == "code_execution":
             reason = f"{qualified} can run code or reach the system when the file is loaded"
         else:
