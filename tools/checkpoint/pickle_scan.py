@@ -333,11 +333,13 @@ class _Machine:
             if kind == "unicodestringnl":
                 return line.decode("raw-unicode-escape")
             if kind == "decimalnl_short":
+                if self.op_name in ("GET", "PUT"):
+                    return int(line)  # memo indices are base 10 in both unpicklers
                 if line == b"00":
                     return False
                 if line == b"01":
                     return True
-                return int(line, 0)
+                return int(line, 0)  # INT takes any base, as pickle's load_int does
             if kind == "decimalnl_long":
                 return int(line[:-1] if line.endswith(b"L") else line, 0)
             if kind == "floatnl":

@@ -348,6 +348,7 @@ def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> St
             )
         return result
     candidates = [p for p in files if p.suffix in CHECKPOINT_SUFFIXES or p.name.endswith(".index.json")]
+    skipped = [p.name for p in files if p not in candidates and p.suffix not in (".json", ".txt", ".md")]
     fmt = (
         "huggingface"
         if any(n in names for n in HF_MARKERS) or any(n.endswith(".index.json") for n in names)
@@ -371,6 +372,17 @@ def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> St
             )
         )
         return result
+    if skipped:
+        result.problems.append(
+            Problem(
+                "unscanned_files",
+                str(root),
+                f"{len(skipped)} files with other extensions were not scanned (e.g. {', '.join(skipped[:3])}); "
+                "this tool never loads them, but check them before another tool does",
+                severity="info",
+                blocks_safe=False,
+            )
+        )
     for i, path in enumerate(candidates):
         if progress is not None:
             progress(i, len(candidates), f"scanning {path.name}")
