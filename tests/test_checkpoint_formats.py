@@ -271,3 +271,28 @@ def test_a_folder_without_checkpoint_files_verifies_nothing(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     scan = scan_path(tmp_path)
     assert not scan.safe and "no_checkpoint_files" in {p.code for p in scan.problems_all()}
+
+
+def test_a_link_leaving_the_checkpoint_folder_is_not_followed(tmp_path):
+    """A shard that is a symlink to a file elsewhere is reported and skipped."""
+    outside = tmp_path / "outside.safetensors"
+    write_safetensors(outside, {"w": torch.ones(2)})
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    write_safetensors(folder / "model.safetensors", {"w": torch.ones(2)})
+    (folder / "extra.safetensors").symlink_to(outside)
+    scan = scan_path(folder)
+    assert not scan.safe and "link_outside_folder" in {p.code for p in scan.problems_all()}
+    assert [f.name for f in scan.files] == ["model.safetensors"]
+
+
+def test_a_data_pkl_torch_would_read_differently_is_a_parser_disagreement(tmp_path):
+    """The loader compares torch's own zip reader with what the scan read; any difference stops loading."""
+    from tools.checkpoint.load import cross_check_zip
+
+    path = tmp_path / "m.pt"
+    path.write_bytes(torch_zip_bytes())
+    file = scan_path(path).files[0]
+    assert cross_check_zip(file) == []
+    file.zip.data_pkl_sha256 = "0" * 64  # what a scanner-targeted archive would make zipfile return
+    assert [p.code for p in cross_check_zip(file)] == ["zip_parser_disagreement"]

@@ -14,9 +14,10 @@ Tiers:
   `_rebuild_from_type_v2`). Nothing more: tests/test_checkpoint_pickle_scan.py checks it is a
   subset of the installed torch's list, and equal to it on torch 2.13.
 - `NUMPY_DATA`: the numpy globals an array, a scalar or a dtype pickles to (`_reconstruct`,
-  `_frombuffer` for protocol 5, `ndarray`, `dtype`, `scalar`, the `numpy.dtypes` classes). torch 2.13 refuses them unless the
-  caller passes them to `torch.serialization.safe_globals`, which is what the tool does after the
-  scan; they only build arrays from bytes. Off with `Policy(numpy=False)`.
+  `_frombuffer` for protocol 5, `ndarray`, `dtype`, `scalar`, the `numpy.dtypes` classes).
+  torch 2.13 refuses them unless the caller passes them to `torch.serialization.safe_globals`,
+  which is what the tool does after the scan; they only build arrays from bytes. Off with
+  `Policy(numpy=False)`.
 - `DCP_METADATA`: the dataclasses torch.distributed.checkpoint writes into its `.metadata` pickle
   (plus `pathlib.PosixPath` for `StorageMeta.checkpoint_id`); allowed only when scanning a DCP
   `.metadata` file, which the tool reads with stand-in classes, never the real ones.

@@ -36,6 +36,7 @@ from tools.checkpoint.problems import Problem
 from tools.checkpoint.zip_scan import scan_zip
 
 _DCP = "torch.distributed.checkpoint"
+MAX_BYTES_ITEM_SCAN = 1 << 30  # a non-tensor item this large is not a counter or a config
 
 
 @dataclass
@@ -336,6 +337,11 @@ def _scan_item(
         return
     if is_tensor:
         return  # raw tensor bytes (SerializationFormat.SAFETENSORS): nothing is unpickled
+    if item.length > MAX_BYTES_ITEM_SCAN:
+        out.problems.append(
+            Problem("pickle_too_large", where, f"bytes item {item.fqn!r} is {item.length} bytes; not scanned")
+        )
+        return
     data = window.read()
     out.pickles.append(scan_pickle(data, where, policy))
 

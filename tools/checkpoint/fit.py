@@ -1,4 +1,4 @@
-"""Does a checkpoint's state dict fit a model's? Missing, unexpected and mismatched keys, plus the rename that fixes them.
+"""Does a checkpoint's state dict fit a model's? Missing, unexpected, mismatched keys, and the fix.
 
 Use:
 

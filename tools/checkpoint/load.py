@@ -156,8 +156,13 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
             with torch.serialization.safe_globals(numpy_pairs):
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # weights_only refusals, corrupt storages, out-of-bounds views
+        hint = ""
+        if isinstance(e, MemoryError) or "alloc" in str(e).lower():
+            hint = (
+                " The file may not fit the worker's memory limit: call again with a larger memory_limit_gib."
+            )
         raise CheckpointLoadError(
-            f"torch.load(weights_only=True) refused {path.name}: {str(e)[:800]}"
+            f"torch.load(weights_only=True) refused {path.name}: {str(e)[:800]}{hint}"
         ) from None
 
 

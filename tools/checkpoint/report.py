@@ -197,7 +197,8 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
                 severity="info",
                 code="needs_safe_globals",
                 message=f"the file holds numpy data ({names}); torch.load(weights_only=True) refuses it unless "
-                "called inside `with torch.serialization.safe_globals([...those objects...]):`.",
+                "called inside `with torch.serialization.safe_globals([...]):` listing those objects plus the "
+                "numpy.dtypes class of each array's dtype (e.g. numpy.dtypes.UInt32DType for np.random.get_state()).",
                 skill=SKILL,
             )
         )

@@ -216,11 +216,21 @@ def scan_file(path: Path, name: str, policy: Policy, limits: ScanLimits) -> File
             ],
         )
     if kind == "pickle":
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if _is_legacy_torch(data):
-                scan = scan_pickle(data, name, policy, limits, expected=5, scan_trailing=False, nested=nested)
-                return FileScan(path, name, "torch_legacy", size, [scan])
-            scan = scan_pickle(data, name, policy, limits, nested=nested)
+        try:
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if _is_legacy_torch(data):
+                    scan = scan_pickle(
+                        data, name, policy, limits, expected=5, scan_trailing=False, nested=nested
+                    )
+                    return FileScan(path, name, "torch_legacy", size, [scan])
+                scan = scan_pickle(data, name, policy, limits, nested=nested)
+        except (OSError, ValueError, MemoryError) as e:  # mapping refused: address-space limit
+            problem = Problem(
+                "file_not_mappable",
+                name,
+                f"the {size}-byte file could not be memory-mapped for scanning ({e}); raise memory_limit_gib",
+            )
+            return FileScan(path, name, "pickle", size, problems=[problem])
         if scan.pickles == 0 and scan.opcodes <= 1:
             return FileScan(
                 path,
@@ -294,9 +304,20 @@ def _check_index(root: Path, index_scan: FileScan, by_name: dict[str, FileScan])
             )
 
 
-def _folder_files(root: Path) -> list[Path]:
+def _folder_files(root: Path, problems: list[Problem]) -> list[Path]:
+    """Regular files one level down; links that leave the folder are reported and skipped."""
     files = []
+    inside = root.resolve()
     for entry in sorted(root.iterdir()):
+        if entry.is_symlink() and not entry.resolve().is_relative_to(inside):
+            problems.append(
+                Problem(
+                    "link_outside_folder",
+                    str(entry),
+                    f"a symbolic link to {entry.resolve()}, outside the checkpoint folder; not followed",
+                )
+            )
+            continue
         if entry.is_file():
             files.append(entry)
             if len(files) > MAX_FOLDER_FILES:
@@ -336,11 +357,12 @@ def scan_path(
 
 
 def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> StaticScan:
-    files = _folder_files(root)
+    link_problems: list[Problem] = []
+    files = _folder_files(root, link_problems)
     names = {p.name for p in files}
     if any(n.endswith(".metadata") for n in names) and any(n.endswith(".distcp") for n in names):
         dcp = scan_dcp_dir(root, policy)
-        result = StaticScan(root, True, "dcp", dcp=dcp, problems=list(dcp.problems))
+        result = StaticScan(root, True, "dcp", dcp=dcp, problems=link_problems + list(dcp.problems))
         for entry in dcp.files:
             fmt = "dcp_metadata" if entry.name.endswith(".metadata") else "dcp_data"
             result.files.append(
@@ -354,7 +376,7 @@ def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> St
         if any(n in names for n in HF_MARKERS) or any(n.endswith(".index.json") for n in names)
         else "directory"
     )
-    result = StaticScan(root, True, fmt)
+    result = StaticScan(root, True, fmt, problems=link_problems)
     if len(files) > MAX_FOLDER_FILES:
         result.problems.append(
             Problem(
