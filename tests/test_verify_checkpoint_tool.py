@@ -188,3 +188,21 @@ async def test_load_and_run_without_inputs_is_rejected_with_the_next_step(client
         {"path": benign(corpus, "plain_state_dict"), "model": BUILD, "load_and_run": True},
     )
     assert r.is_error and "input_shape" in r.content[0].text
+
+
+@pytest.mark.gpu
+async def test_load_and_run_can_run_the_forward_on_cuda(client, corpus):
+    """With device='cuda' the checked weights are loaded on CPU, then the model runs on the GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    result = await verify(
+        client,
+        path=benign(corpus, "ddp_prefix"),
+        model=BUILD,
+        load_and_run=True,
+        input_shape=[2, 8],
+        device="cuda",
+    )
+    assert result["load_and_run"]["forward_ran"] and result["run"]["device"].startswith("cuda")
