@@ -296,11 +296,12 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
             key_mismatch = _key_mismatch(compared, report, request.max_listed)
             if request.load_and_run:
                 run_result = _load_and_run(request, job, model, entries, report)
-    elif request.load_and_run and not facts["safe"]:
+    elif request.load_and_run:
+        why = "is not safe to load" if not facts["safe"] else "could not be loaded (see load_error)"
         run_result = LoadAndRun(
             loaded=False,
             prefix_fix_applied=False,
-            error="not attempted: the checkpoint is not safe to load",
+            error=f"not attempted: the checkpoint {why}",
             forward_ran=False,
             output_shapes=[],
             output_finite=None,
