@@ -225,3 +225,15 @@ def test_safetensors_tensors_are_streamed_from_the_file(tmp_path):
     [found] = find_nonfinite(loaded.obj, chunk_elements=64)
     assert (found.name, found.dtype, found.nan) == ("w", "bfloat16", 3)
     torch.testing.assert_close(loaded.obj["w"].read(), w, rtol=0, atol=0, equal_nan=True)
+
+
+def test_sparse_and_meta_tensors_are_counted_but_not_read(tmp_path):
+    """Tensors without dense storage load safely and are skipped by the NaN scan."""
+    path = tmp_path / "odd.pt"
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0, 2]]), torch.tensor([float("nan"), 1.0]), (4,), check_invariants=True
+    )
+    torch.save({"sparse": sparse, "meta": torch.empty(3, device="meta"), "dense": torch.ones(2)}, path)
+    loaded = load_checkpoint(scan_path(path))
+    assert summarize_tensors(loaded.obj).count == 3
+    assert find_nonfinite(loaded.obj, mapped_file=loaded.mapped_file) == []

@@ -116,6 +116,8 @@ def _pieces(leaf: Any, max_elems: int) -> Iterator[torch.Tensor]:
             yield from leaf.chunks(max_elems)
         return
     tensor = leaf if isinstance(leaf, torch.Tensor) else torch.from_numpy(leaf)
+    if tensor.layout != torch.strided or tensor.device.type == "meta":
+        return  # sparse/meta tensors: no dense values to read here
     tensor = tensor.detach()
     if tensor.dim() == 0:
         yield tensor.reshape(1)

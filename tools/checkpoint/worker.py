@@ -154,7 +154,12 @@ def _checkpoint_model_state(
 
 
 def _model_entries(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in model.state_dict().items()}
+    state = model.state_dict()
+    return {
+        k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)  # extra state (get_extra_state) is not a tensor
+    }
 
 
 def _key_mismatch(compared: str, report: FitReport, max_listed: int) -> KeyMismatch:
@@ -212,7 +217,6 @@ def _load_and_run(
     state: dict[str, Any],
     report: FitReport,
 ) -> LoadAndRun:
-    renamed = {report.fix.apply(k): _materialize(v) for k, v in state.items()}
     result = LoadAndRun(
         loaded=False,
         prefix_fix_applied=not report.fix.is_identity,
@@ -221,6 +225,11 @@ def _load_and_run(
         output_shapes=[],
         output_finite=None,
     )
+    try:
+        renamed = {report.fix.apply(k): _materialize(v) for k, v in state.items()}
+    except Exception as e:  # a DCP item or safetensors range that cannot be read back
+        result.error = _error_text("reading the checkpoint's weights", e)
+        return result
     try:
         model.load_state_dict(renamed, strict=True)
         result.loaded = True
