@@ -334,6 +334,15 @@ def _scan_item(
         zscan = scan_zip(window, item.length, where, policy)
         out.pickles.extend(zscan.pickles)
         out.problems.extend(zscan.problems)
+        if not is_tensor and any(p.unsafe_total for p in zscan.pickles):
+            out.problems.append(
+                Problem(
+                    "dcp_bytes_item_unsafe",
+                    where,
+                    f"bytes item {item.fqn!r} is unsafe, and DCP's default load planner reads bytes items with "
+                    "torch.load(weights_only=False): torch.distributed.checkpoint.load would run it",
+                )
+            )
         return
     if is_tensor:
         return  # raw tensor bytes (SerializationFormat.SAFETENSORS): nothing is unpickled
