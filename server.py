@@ -36,6 +36,7 @@ from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from tools.gradients.models import GradientRequest, GradientResult
+from tools.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool, default_memory_limit_bytes
@@ -68,7 +69,7 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 `get_skill`."""
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
-WORKER_PRELOAD = ("tools.runner.usercode", "tools.gradients.worker")
+WORKER_PRELOAD = ("tools.runner.usercode", "tools.gradients.worker", "tools.checkpoint.worker")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,6 +253,14 @@ TimeoutArg = Annotated[float, Field(gt=0, le=3600, description="seconds before t
 MemoryArg = Annotated[
     float | None,
     Field(default=None, gt=0, description="RAM cap in GiB for the run (default: half the machine)"),
+]
+# verify_checkpoint: the model is optional there
+OptionalModelArg = Annotated[
+    str | None,
+    Field(
+        description="optional model factory 'path/to/file.py:build' (returns an nn.Module): compares the "
+        "checkpoint's keys, shapes and optimizer state with this model"
+    ),
 ]
 
 
@@ -489,6 +498,68 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         result = await run_in_worker(
             ctx,
             "tools.gradients.worker:run",
+    # -- verify_checkpoint --
+    @mcp.tool(annotations=RUNS_USER_CODE)
+    async def verify_checkpoint(
+        path: Annotated[
+            str,
+            Field(
+                description="checkpoint file (.pt .pth .ckpt .bin .pkl .safetensors, *.index.json) or folder "
+                "(DCP with .metadata, Hugging Face model or Trainer checkpoint)"
+            ),
+        ],
+        ctx: Context,
+        model: OptionalModelArg = None,
+        model_kwargs: ModelKwargsArg = None,
+        load_and_run: Annotated[
+            bool,
+            Field(
+                description="load the weights into the model with strict=True (after the detected key rename) "
+                "and run one forward; needs model and inputs or input_shape"
+            ),
+        ] = False,
+        inputs: InputsArg = None,
+        input_shape: InputShapeArg = None,
+        input_dtype: InputDtypeArg = "float32",
+        scan_nonfinite: Annotated[bool, Field(description="count NaN/Inf in every floating tensor")] = True,
+        allow_numpy: Annotated[
+            bool, Field(description="treat numpy array/scalar/dtype globals as safe data")
+        ] = True,
+        device: DeviceArg = "auto",
+        timeout_s: TimeoutArg = 120,
+        memory_limit_gib: MemoryArg = None,
+    ) -> VerifyCheckpointResult:
+        """Is this checkpoint safe to load, complete for resuming, and does it fit my model?
+
+        Never executes the file: every pickle in it (torch zip data.pkl and any hidden member, legacy
+        torch files, plain pickles, DCP .metadata and bytes items) is disassembled statically and
+        every global it would import is checked against what torch.load(weights_only=True) allows;
+        anything else (os.system, exec, importlib, gadget chains, names computed at load time,
+        broken or truncated pickles) makes `safe` false, with file and byte offset. Corrupt or
+        hostile structure (truncated zips, '..' member names, sizes beyond the file, lying
+        safetensors headers, deep nesting) is reported too. Only a safe file is opened
+        (torch.load(weights_only=True, mmap=True), or safetensors read by offset): tensor count,
+        bytes and dtypes, NaN/Inf counts, which resume pieces are present (model, optimizer,
+        scheduler, grad scaler, epoch/step, torch/cuda/numpy/python RNG, sampler) and optimizer
+        consistency. With `model`, compares keys and shapes, detects the prefix fix (module.,
+        _orig_mod., _fsdp_wrapped_module., ...) and can load strictly and run a forward."""
+        with anticipated_errors():
+            request = VerifyCheckpointRequest(
+                path=path,
+                model=model,
+                model_kwargs=model_kwargs or {},
+                load_and_run=load_and_run,
+                inputs=inputs,
+                input_shape=input_shape,
+                input_dtype=input_dtype,
+                scan_nonfinite=scan_nonfinite,
+                allow_numpy=allow_numpy,
+                device=device,
+            )
+        code_files = [ref.path for ref in request.code_refs() if ref.path is not None]
+        result = await run_in_worker(
+            ctx,
+            "tools.checkpoint.worker:run",
             request,
             timeout_s=timeout_s,
             memory_limit_gib=memory_limit_gib,
@@ -496,6 +567,10 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             check_paths=[ref.path for ref in request.code_refs() if ref.path is not None],
         )
         return GradientResult.model_validate(result)
+            check_paths=[path, *code_files],
+        )
+        with anticipated_errors():
+            return VerifyCheckpointResult.model_validate(result)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,188 @@
+"""Which globals a checkpoint's pickle may name and still count as safe.
+
+Use `Policy(numpy=True).classify("torch._utils._rebuild_tensor_v2")` -> `"torch"` (the tier that
+allows it) or `None` (unsafe), and `risk_of("posix.system")` -> `"code_execution"` to label an
+unsafe global. Names are `module.qualname` after the Python 2 renames (`__builtin__.set` ->
+`builtins.set`), exactly as `torch.load` spells them.
+
+Tiers:
+- `TORCH_WEIGHTS_ONLY`: what `torch.load(weights_only=True)` accepts by default in torch 2.13,
+  i.e. the keys of `torch._weights_only_unpickler._get_allowed_globals()` (read from
+  torch/_weights_only_unpickler.py of the installed 2.13.0: OrderedDict, Counter, Parameter,
+  `_get_layout`, Size, Tensor, device, `_codecs.encode`, bytearray, set, complex, every dtype,
+  the legacy tensor and storage classes, the quantization schemes, the `_rebuild_*` functions and
+  `_rebuild_from_type_v2`). Nothing more: tests/test_checkpoint_pickle_scan.py checks it is a
+  subset of the installed torch's list, and equal to it on torch 2.13.
+- `NUMPY_DATA`: the numpy globals an array, a scalar or a dtype pickles to (`_reconstruct`,
+  `_frombuffer` for protocol 5, `ndarray`, `dtype`, `scalar`, the `numpy.dtypes` classes).
+  torch 2.13 refuses them unless the caller passes them to `torch.serialization.safe_globals`,
+  which is what the tool does after the scan; they only build arrays from bytes. Off with
+  `Policy(numpy=False)`.
+- `DCP_METADATA`: the dataclasses torch.distributed.checkpoint writes into its `.metadata` pickle
+  (plus `pathlib.PosixPath` for `StorageMeta.checkpoint_id`); allowed only when scanning a DCP
+  `.metadata` file, which the tool reads with stand-in classes, never the real ones.
+
+Known limitations: a global that is harmless but not listed (argparse.Namespace, a user's config
+class) is unsafe here, as it is for weights_only loading; the finding names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Tier = Literal["torch", "numpy", "dcp"]
+Risk = Literal["code_execution", "unknown"]
+
+
+def words(text: str) -> list[str]:
+    """Names from a block of space-separated words (keeps long name lists compact)."""
+    return text.split()
+
+
+_DTYPES = words(
+    "bfloat16 bits16 bits1x8 bits2x4 bits4x2 bits8 bool complex128 complex32 complex64 float16 float32 "
+    "float4_e2m1fn_x2 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu "
+    "int1 int16 int2 int3 int32 int4 int5 int6 int64 int7 int8 qint32 qint8 quint2x4 quint4x2 quint8 "
+    "uint1 uint16 uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 uint8"
+)
+TORCH_DTYPE_NAMES: frozenset[str] = frozenset(_DTYPES)
+_LEGACY_TENSORS = words("BFloat16 Bool Byte Char Double Float Half Int Long Short")
+_SPARSE_TENSORS = words("BFloat16 Byte Char Double Float Half Int Long Short")
+_STORAGES = words("BFloat16 Bool Byte Char ComplexDouble ComplexFloat Double Float Half Int Long Short")
+_QUANTIZED_STORAGES = words("QInt32 QInt8 QUInt2x4 QUInt4x2 QUInt8")
+_REBUILD = words(
+    "_rebuild_device_tensor_from_cpu_tensor _rebuild_device_tensor_from_numpy "
+    "_rebuild_meta_tensor_no_storage _rebuild_nested_tensor _rebuild_parameter "
+    "_rebuild_parameter_with_state _rebuild_qtensor _rebuild_sparse_tensor _rebuild_tensor "
+    "_rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_wrapper_subclass"
+)
+_QSCHEMES = words(
+    "per_channel_affine per_channel_affine_float_qparams per_channel_symmetric per_tensor_affine "
+    "per_tensor_symmetric"
+)
+
+# torch 2.13.0, torch/_weights_only_unpickler.py, _get_allowed_globals(): 144 names.
+TORCH_WEIGHTS_ONLY: frozenset[str] = frozenset(
+    [
+        "collections.OrderedDict",
+        "collections.Counter",
+        "torch.nn.parameter.Parameter",
+        "torch.serialization._get_layout",
+        "torch.Size",
+        "torch.Tensor",
+        "torch.device",
+        "_codecs.encode",
+        "builtins.bytearray",
+        "builtins.set",
+        "builtins.complex",
+        "torch._tensor._rebuild_from_type_v2",
+        "torch.storage.TypedStorage",
+        "torch.storage.UntypedStorage",
+    ]
+    + [f"torch.{d}" for d in _DTYPES]
+    + [f"torch.{q}" for q in _QSCHEMES]
+    + [f"torch._utils.{f}" for f in _REBUILD]
+    + [f"torch.{t}Tensor" for t in _LEGACY_TENSORS]
+    + [f"torch.cuda.{t}Tensor" for t in _LEGACY_TENSORS]
+    + [f"torch.sparse.{t}Tensor" for t in _SPARSE_TENSORS]
+    + [f"torch.cuda.sparse.{t}Tensor" for t in _SPARSE_TENSORS]
+    + [f"torch.{s}Storage" for s in _STORAGES + _QUANTIZED_STORAGES]
+    + [f"torch.cuda.{s}Storage" for s in _STORAGES]
+)
+
+_NUMPY_DTYPE_CLASSES = words(
+    "Bool Int8 UInt8 Int16 UInt16 Int32 UInt32 Int64 UInt64 Float16 Float32 Float64 LongDouble "
+    "Complex64 Complex128 CLongDouble Object Str Bytes"
+)
+
+# The globals numpy (1.x and 2.x) pickles arrays, scalars and dtypes to.
+NUMPY_DATA: frozenset[str] = frozenset(
+    [
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray.scalar",
+        "numpy._core.multiarray.scalar",
+        "numpy.core.numeric._frombuffer",  # protocol 5 pickles of contiguous arrays
+        "numpy._core.numeric._frombuffer",
+        "numpy.ndarray",
+        "numpy.dtype",
+    ]
+    + [f"numpy.dtypes.{c}DType" for c in _NUMPY_DTYPE_CLASSES]
+)
+
+_DCP = "torch.distributed.checkpoint"
+# What FileSystemWriter pickles into `.metadata` (torch 2.13, distributed/checkpoint/metadata.py).
+DCP_METADATA: frozenset[str] = frozenset(
+    [
+        f"{_DCP}.metadata.Metadata",
+        f"{_DCP}.metadata.MetadataIndex",
+        f"{_DCP}.metadata.TensorStorageMetadata",
+        f"{_DCP}.metadata.BytesStorageMetadata",
+        f"{_DCP}.metadata.ChunkStorageMetadata",
+        f"{_DCP}.metadata.TensorProperties",
+        f"{_DCP}.metadata.StorageMeta",
+        f"{_DCP}.metadata._MEM_FORMAT_ENCODING",
+        f"{_DCP}.filesystem._StorageInfo",
+        "pathlib.PosixPath",
+        "pathlib._local.PosixPath",  # Python >= 3.13 moved it
+    ]
+)
+
+# Modules whose globals hand the file a way to run code, touch files or the network, or import
+# more of them. Only used to label an unsafe global; every unlisted global is unsafe too.
+_CODE_EXECUTION_MODULES = frozenset(
+    words(
+        "os posix nt sys subprocess pty runpy importlib pkgutil pip ensurepip venv shutil webbrowser "
+        "socket ctypes pickle _pickle cPickle dill joblib marshal types code codeop timeit cProfile profile "
+        "pdb bdb trace asyncio multiprocessing threading _thread signal operator _operator functools "
+        "copyreg inspect zipimport http urllib requests ftplib smtplib telnetlib tempfile io _io glob "
+        "platform sysconfig site builtins __builtin__ imp _imp _posixsubprocess posixpath"
+    )
+)
+_CODE_EXECUTION_NAMES = frozenset(
+    [
+        "torch.load",
+        "torch.serialization.load",
+        "torch.storage._load_from_bytes",
+        "torch.hub.load",
+        "torch.jit.load",
+        "torch._C._jit_script_compile",
+        "torch.utils.cpp_extension.load_inline",
+        "numpy.load",
+        "numpy.testing._private.utils.runstring",
+        "numpy.lib.npyio.load",
+    ]
+)
+
+
+def risk_of(qualified: str | None) -> Risk:
+    """'code_execution' for a global known to run code or reach the system, else 'unknown'."""
+    if qualified is None:
+        return "code_execution"  # unresolvable: it could be anything
+    if qualified in _CODE_EXECUTION_NAMES:
+        return "code_execution"
+    root = qualified.split(".", 1)[0]
+    if root in _CODE_EXECUTION_MODULES:
+        return "code_execution"
+    if qualified.startswith(("torch.hub", "torch.jit", "torch._C", "torch.utils.cpp_extension")):
+        return "code_execution"
+    return "unknown"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which tiers count as safe for one scan."""
+
+    numpy: bool = True  # array/scalar/dtype globals from numpy
+    dcp: bool = False  # only for a DCP `.metadata` pickle
+
+    def classify(self, qualified: str) -> Tier | None:
+        """The tier that allows `qualified`, or None when it is unsafe."""
+        if qualified in TORCH_WEIGHTS_ONLY:
+            return "torch"
+        if self.numpy and qualified in NUMPY_DATA:
+            return "numpy"
+        if self.dcp and qualified in DCP_METADATA:
+            return "dcp"
+        return None

@@ -1,0 +1,277 @@
+"""Request and result schemas of verify_checkpoint (imported by the server: no torch here).
+
+Use `VerifyCheckpointRequest(path="ckpt.pt")`, optionally with `model="net.py:build"` (and
+`input_shape` or `inputs` for `load_and_run`); the worker returns a `VerifyCheckpointResult`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from tools.results import Finding, RunInfo
+from tools.userspec import CodeRef, ModelInputs
+
+CheckpointFormat = Literal[
+    "torch_zip",  # torch.save (zip, torch >= 1.6): .pt .pth .ckpt .bin
+    "torch_legacy",  # torch.save(_use_new_zipfile_serialization=False): five pickles + raw storages
+    "torchscript",  # torch.jit.save archive
+    "pickle",  # a plain pickle stream
+    "safetensors",
+    "safetensors_sharded",  # *.safetensors.index.json and its shards
+    "dcp",  # torch.distributed.checkpoint folder: .metadata + *.distcp
+    "huggingface",  # a Hugging Face model or Trainer checkpoint folder
+    "directory",  # another folder of checkpoint files
+    "legacy_tar",  # torch < 0.4 tar archive (refused)
+    "unknown",
+]
+Layout = Literal[
+    "state_dict",  # a flat {name: tensor} mapping
+    "training_checkpoint",  # model plus optimizer / counters / RNG
+    "lightning",  # a PyTorch Lightning .ckpt
+    "huggingface_model",
+    "huggingface_trainer",  # checkpoint-N/ with optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json
+    "dcp",
+    "tensor",  # a single tensor
+    "other",
+    "not_loaded",  # unsafe or unreadable: contents were not read
+]
+ResumeRole = Literal[
+    "model",
+    "optimizer",
+    "scheduler",
+    "grad_scaler",
+    "epoch_or_step",
+    "rng_torch",
+    "rng_cuda",
+    "rng_numpy",
+    "rng_python",
+    "sampler",
+]
+
+
+class VerifyCheckpointRequest(ModelInputs):
+    """Check a checkpoint's safety and completeness, and (with `model`) its fit to a model."""
+
+    path: str = Field(description="checkpoint file or folder (DCP, Hugging Face, sharded safetensors)")
+    model: str | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="optional model factory 'path/to/file.py:build'; compares the checkpoint's keys "
+        "and shapes with the model's state dict",
+    )
+    load_and_run: bool = Field(
+        default=False,
+        description="load the (renamed) weights into the model with strict=True and run one forward; "
+        "needs model and inputs or input_shape",
+    )
+    scan_nonfinite: bool = Field(default=True, description="count NaN/Inf in every floating tensor")
+    allow_numpy: bool = Field(
+        default=True,
+        description="treat numpy array/scalar/dtype globals as safe (torch.load needs them passed to "
+        "torch.serialization.safe_globals)",
+    )
+    max_listed: int = Field(default=50, ge=1, le=2000, description="longest list of keys/tensors returned")
+
+    @field_validator("model")
+    @classmethod
+    def _model_is_a_reference(cls, value: str | None) -> str | None:
+        if value is not None:
+            CodeRef.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _needs_some_input(self) -> VerifyCheckpointRequest:
+        if self.load_and_run:
+            if self.model is None:
+                raise ValueError("load_and_run needs model='path/to/file.py:factory'")
+            if self.inputs is None and self.input_shape is None:
+                raise ValueError(
+                    "load_and_run needs inputs ('file.py:make_inputs') or input_shape (e.g. [8, 3, 32, 32])"
+                )
+        return self
+
+    def code_refs(self) -> list[CodeRef]:
+        return [CodeRef.parse(r) for r in (self.model, self.inputs, self.loss) if r is not None]
+
+
+class UnsafeGlobal(BaseModel):
+    source: str = Field(description="file, and member inside it ('ckpt.pt::archive/data.pkl')")
+    offset: int = Field(description="byte offset of the opcode inside that pickle")
+    opcode: str = Field(description="GLOBAL, STACK_GLOBAL, INST, EXT1, REDUCE, BUILD, ...")
+    qualified: str | None = Field(description="module.name imported; null when it cannot be resolved")
+    risk: Literal["code_execution", "unknown"]
+    reason: str
+    called_at: int | None = Field(default=None, description="offset of the call that invokes it, if any")
+
+
+class FileProblem(BaseModel):
+    code: str
+    source: str
+    message: str
+    severity: Literal["error", "warning", "info"]
+    blocks_safe: bool = Field(description="true when this alone makes the file unverifiable (safe=false)")
+
+
+class PickleInfo(BaseModel):
+    source: str
+    protocol: int | None
+    pickles: int = Field(description="pickles parsed to their STOP in this stream")
+    opcodes: int
+    bytes: int
+    complete: bool
+    globals_allowed: list[str] = Field(description="allowlisted globals it names")
+    unsafe_count: int
+
+
+class FileInfo(BaseModel):
+    name: str
+    format: str
+    bytes: int
+
+
+class DTypeCount(BaseModel):
+    dtype: str
+    count: int
+    bytes: int
+
+
+class TensorInfo(BaseModel):
+    name: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+class TensorSummary(BaseModel):
+    count: int
+    total_bytes: int = Field(description="sum of numel * element size over tensors (views counted each time)")
+    dtypes: list[DTypeCount]
+    largest: list[TensorInfo]
+    truncated: bool = Field(default=False, description="the walk stopped at its depth/size bound")
+
+
+class NonfiniteTensor(BaseModel):
+    name: str
+    dtype: str
+    shape: list[int]
+    numel: int
+    nan: int
+    inf: int
+
+
+class RoleFound(BaseModel):
+    role: ResumeRole
+    key: str = Field(description="where it was found: a dotted key, or a file name in a folder")
+    matched_by: Literal["name", "structure", "file"]
+
+
+class ResumeCheck(BaseModel):
+    kind: Literal["training", "weights_only", "unknown"]
+    roles: list[RoleFound]
+    missing: list[ResumeRole]
+    notes: list[str] = Field(default_factory=list)
+
+
+class OptimizerShapeMismatch(BaseModel):
+    index: int = Field(description="position of the parameter in the optimizer's param_groups order")
+    parameter: str | None = Field(description="the model parameter at that position")
+    state_key: str
+    state_shape: list[int]
+    parameter_shape: list[int]
+
+
+class OptimizerCheck(BaseModel):
+    key: str
+    param_groups: int
+    params_in_groups: int
+    state_entries: int
+    params_without_state: int
+    state_not_in_groups: int
+    duplicate_params: int
+    model_parameters: int | None = Field(description="parameters of the given model, when one was given")
+    checkpoint_model_tensors: int | None = Field(
+        description="tensors in the checkpoint's model state dict, buffers excluded by name (an upper bound "
+        "on its parameters)"
+    )
+    shape_mismatches: list[OptimizerShapeMismatch]
+    consistent: bool
+    problems: list[str]
+
+
+class ShapeMismatchInfo(BaseModel):
+    key: str
+    checkpoint_key: str
+    checkpoint_shape: list[int]
+    model_shape: list[int]
+    checkpoint_dtype: str
+    model_dtype: str
+
+
+class PrefixFix(BaseModel):
+    description: str
+    remove_components: list[str]
+    at_every_depth: bool
+    strip_prefix: str
+    add_prefix: str
+    code: str = Field(description="Python that renames state_dict keys before load_state_dict")
+
+
+class KeyMismatch(BaseModel):
+    compared: str = Field(description="the checkpoint entry compared with the model's state dict")
+    checkpoint_keys: int
+    model_keys: int
+    matched_as_is: int
+    matched: int = Field(description="keys matched after the prefix fix")
+    prefix_fix: PrefixFix | None
+    missing: list[str]
+    missing_count: int
+    unexpected: list[str]
+    unexpected_count: int
+    shape_mismatches: list[ShapeMismatchInfo]
+    dtype_mismatches: list[ShapeMismatchInfo]
+    fits: bool = Field(description="no missing, unexpected or shape-mismatched keys after the fix")
+
+
+class LoadAndRun(BaseModel):
+    loaded: bool
+    strict: bool = True
+    prefix_fix_applied: bool
+    error: str | None
+    forward_ran: bool
+    output_shapes: list[list[int]]
+    output_finite: bool | None
+    mode: str = "eval"
+
+
+class VerifyCheckpointResult(BaseModel):
+    path: str
+    format: CheckpointFormat
+    layout: Layout
+    files: list[FileInfo]
+    size_bytes: int
+    safe: bool = Field(description="true only when every pickle parsed fully and nothing in it is unsafe")
+    unsafe_globals: list[UnsafeGlobal]
+    unsafe_global_count: int
+    problems: list[FileProblem]
+    pickles: list[PickleInfo]
+    globals_allowed: list[str]
+    needs_safe_globals: list[str] = Field(
+        description="allowed globals torch.load(weights_only=True) still refuses unless passed to "
+        "torch.serialization.safe_globals (numpy's)"
+    )
+    scan_seconds: float
+    loaded: bool
+    loaded_with: str | None
+    load_error: str | None
+    tensors: TensorSummary | None
+    nonfinite_scanned: bool
+    nonfinite_tensors: list[NonfiniteTensor]
+    resume: ResumeCheck | None
+    missing_for_resume: list[ResumeRole]
+    optimizers: list[OptimizerCheck]
+    key_mismatch: KeyMismatch | None
+    load_and_run: LoadAndRun | None
+    findings: list[Finding]
+    summary: str
+    run: RunInfo | None = None

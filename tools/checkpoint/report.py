@@ -1,0 +1,299 @@
+"""Findings and the one-paragraph summary of a verify_checkpoint result (no torch here).
+
+Use `findings = build_findings(result)` then `summary = build_summary(result)` on a
+VerifyCheckpointResult whose facts are filled in; each finding names the skill to read next.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tools.checkpoint.models import VerifyCheckpointResult
+from tools.results import Finding, format_bytes
+
+SKILL = "checkpointing-and-reproducibility"
+
+MISSING_EFFECT = {
+    "model": "no model weights were found",
+    "optimizer": "optimizer state (momentum, Adam moments) restarts from zero, which shows as a loss spike after resuming",
+    "scheduler": "the learning-rate schedule restarts from its first step",
+    "grad_scaler": "float16 AMP restarts its loss scale and skips steps until it recalibrates (irrelevant without float16 autocast)",
+    "epoch_or_step": "the training loop cannot tell where it stopped",
+    "rng_torch": "dropout and augmentation draw different numbers than an uninterrupted run would",
+    "rng_cuda": "GPU-side randomness (dropout on CUDA) differs (irrelevant for CPU-only training)",
+    "rng_numpy": "numpy-based shuffling or augmentation differs",
+    "rng_python": "random-module shuffling or augmentation differs",
+    "sampler": "the data order restarts: batches already seen this epoch are seen again",
+}
+_MAJOR_MISSING = ("model", "optimizer", "epoch_or_step")
+
+
+def _unsafe_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    by_name: dict[str, list] = defaultdict(list)
+    for u in r.unsafe_globals:
+        by_name[u.qualified or f"unresolvable {u.opcode}"].append(u)
+    out = []
+    for name, refs in list(by_name.items())[:10]:
+        first = refs[0]
+        called = f", called at offset {first.called_at}" if first.called_at is not None else ""
+        out.append(
+            Finding(
+                severity="error",
+                code="unsafe_global",
+                message=(
+                    f"{name} in {first.source} at offset {first.offset}{called} ({len(refs)}x): {first.reason}. "
+                    "Do not open this file with pickle or torch.load(weights_only=False); get the weights as "
+                    "safetensors or re-export them from a trusted copy."
+                ),
+                skill=SKILL,
+            )
+        )
+    hidden = r.unsafe_global_count - sum(len(v) for v in list(by_name.values())[:10])
+    if hidden > 0:
+        out.append(
+            Finding(
+                severity="error",
+                code="unsafe_global",
+                message=f"{hidden} more unsafe references are not listed.",
+                skill=SKILL,
+            )
+        )
+    return out
+
+
+def _resume_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    out = []
+    if r.resume is None:
+        return out
+    taken = ", ".join(f"{x.role}={x.key}" for x in r.resume.roles)
+    if r.resume.kind == "training" and r.missing_for_resume:
+        major = [m for m in r.missing_for_resume if m in _MAJOR_MISSING]
+        effects = "; ".join(f"{m}: {MISSING_EFFECT[m]}" for m in r.missing_for_resume)
+        out.append(
+            Finding(
+                severity="warning" if major or len(r.missing_for_resume) > 3 else "info",
+                code="missing_for_resume",
+                message=(
+                    f"resuming from this checkpoint will not continue the run exactly. Missing {effects}. "
+                    f"Found: {taken}. Save these with the rest (state_dict() of each object, "
+                    "torch.get_rng_state(), torch.cuda.get_rng_state_all(), np.random.get_state(), random.getstate())."
+                ),
+                skill=SKILL,
+            )
+        )
+    elif r.resume.kind == "weights_only":
+        out.append(
+            Finding(
+                severity="info",
+                code="weights_only_checkpoint",
+                message=(
+                    "weights only: fine for inference or fine-tuning, but resuming training would also need "
+                    + ", ".join(m for m in r.missing_for_resume if m != "model")
+                    + "."
+                ),
+                skill=SKILL,
+            )
+        )
+    elif r.resume.kind == "unknown" and r.loaded:
+        out.append(
+            Finding(
+                severity="info",
+                code="no_model_weights_found",
+                message="no model state dict was recognised (no tensor mapping under a known key).",
+                skill=SKILL,
+            )
+        )
+    return out
+
+
+def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    out = []
+    k = r.key_mismatch
+    if k is None:
+        return out
+    if k.prefix_fix is not None:
+        out.append(
+            Finding(
+                severity="warning",
+                code="key_prefix_mismatch",
+                message=(
+                    f"the checkpoint's keys need renaming to fit the model: {k.prefix_fix.description} "
+                    f"({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). Before "
+                    f"load_state_dict:\n{k.prefix_fix.code}"
+                ),
+                skill=SKILL,
+            )
+        )
+    if k.missing_count:
+        out.append(
+            Finding(
+                severity="error",
+                code="missing_keys",
+                message=f"{k.missing_count} model keys are not in the checkpoint (e.g. {', '.join(k.missing[:3])}); "
+                "strict loading fails and strict=False would leave them at their initial values.",
+                skill=SKILL,
+            )
+        )
+    if k.unexpected_count:
+        out.append(
+            Finding(
+                severity="warning",
+                code="unexpected_keys",
+                message=f"{k.unexpected_count} checkpoint keys have no place in the model (e.g. "
+                f"{', '.join(k.unexpected[:3])}); strict loading fails on them.",
+                skill=SKILL,
+            )
+        )
+    if k.shape_mismatches:
+        s = k.shape_mismatches[0]
+        out.append(
+            Finding(
+                severity="error",
+                code="shape_mismatch",
+                message=f"{len(k.shape_mismatches)} tensors differ in shape (first: {s.key} is {s.checkpoint_shape} "
+                f"in the checkpoint, {s.model_shape} in the model): a different model configuration.",
+                skill=SKILL,
+            )
+        )
+    if k.dtype_mismatches:
+        s = k.dtype_mismatches[0]
+        out.append(
+            Finding(
+                severity="info",
+                code="dtype_mismatch",
+                message=f"{len(k.dtype_mismatches)} tensors differ in dtype (first: {s.key} {s.checkpoint_dtype} vs "
+                f"{s.model_dtype}); load_state_dict casts them.",
+                skill=SKILL,
+            )
+        )
+    return out
+
+
+def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    out = _unsafe_findings(r)
+    for p in r.problems:
+        out.append(
+            Finding(
+                severity=p.severity if not p.blocks_safe else "error",
+                code=p.code,
+                message=f"{p.source}: {p.message}",
+                skill=SKILL,
+            )
+        )
+    if not r.safe:
+        out.append(
+            Finding(
+                severity="info",
+                code="not_loaded",
+                message="contents were not read: the file is unsafe or cannot be verified, and nothing in it was "
+                "unpickled or executed.",
+                skill=SKILL,
+            )
+        )
+    if r.needs_safe_globals:
+        names = ", ".join(r.needs_safe_globals)
+        out.append(
+            Finding(
+                severity="info",
+                code="needs_safe_globals",
+                message=f"the file holds numpy data ({names}); torch.load(weights_only=True) refuses it unless "
+                "called inside `with torch.serialization.safe_globals([...]):` listing those objects plus the "
+                "numpy.dtypes class of each array's dtype (e.g. numpy.dtypes.UInt32DType for np.random.get_state()).",
+                skill=SKILL,
+            )
+        )
+    if r.load_error:
+        out.append(Finding(severity="error", code="load_failed", message=r.load_error, skill=SKILL))
+    if r.format == "torch_legacy":
+        out.append(
+            Finding(
+                severity="info",
+                code="legacy_format",
+                message="legacy (pre-1.6) torch format: it cannot be memory-mapped; re-save it with torch.save.",
+                skill=SKILL,
+            )
+        )
+    if r.nonfinite_tensors:
+        worst = ", ".join(f"{t.name} ({t.nan} NaN, {t.inf} Inf)" for t in r.nonfinite_tensors[:3])
+        out.append(
+            Finding(
+                severity="error",
+                code="nonfinite_tensors",
+                message=f"{len(r.nonfinite_tensors)} tensors hold NaN/Inf: {worst}. Training had diverged before this "
+                "save; resume from an earlier checkpoint and find where the values first went non-finite.",
+                skill="debugging-techniques",
+            )
+        )
+    out += _resume_findings(r)
+    for opt in r.optimizers:
+        for problem in opt.problems:
+            out.append(
+                Finding(
+                    severity="error" if opt.shape_mismatches or opt.duplicate_params else "warning",
+                    code="optimizer_inconsistent",
+                    message=f"{opt.key}: {problem}.",
+                    skill=SKILL,
+                )
+            )
+    out += _fit_findings(r)
+    lr = r.load_and_run
+    if lr is not None:
+        if lr.error:
+            out.append(Finding(severity="error", code="load_and_run_failed", message=lr.error, skill=SKILL))
+        else:
+            out.append(
+                Finding(
+                    severity="info",
+                    code="load_and_run_ok",
+                    message=f"strict load and one forward ({lr.mode} mode) succeeded; output shapes "
+                    f"{lr.output_shapes}, finite={lr.output_finite}.",
+                    skill=SKILL,
+                )
+            )
+    return out
+
+
+def build_summary(r: VerifyCheckpointResult) -> str:
+    if not r.safe:
+        names = sorted({u.qualified or f"unresolvable {u.opcode}" for u in r.unsafe_globals})
+        parts = [f"UNSAFE {r.format} checkpoint, not loaded."]
+        if r.unsafe_global_count:
+            parts.append(f"{r.unsafe_global_count} unsafe references: {', '.join(names[:5])}.")
+        blocking = [p for p in r.problems if p.blocks_safe]
+        if blocking:
+            parts.append(
+                f"{len(blocking)} structural problems ({', '.join(sorted({p.code for p in blocking})[:4])})."
+            )
+        return " ".join(parts)
+    parts = [f"Safe {r.format} ({r.layout})."]
+    if r.tensors is not None:
+        parts.append(f"{r.tensors.count} tensors, {format_bytes(r.tensors.total_bytes)}.")
+    if r.load_error:
+        parts.append(f"Not loaded: {r.load_error[:200]}")
+    if r.nonfinite_tensors:
+        parts.append(f"{len(r.nonfinite_tensors)} tensors hold NaN/Inf.")
+    elif r.nonfinite_scanned:
+        parts.append("No NaN/Inf.")
+    if r.resume is not None and r.resume.kind == "training":
+        parts.append(
+            "Complete for resuming."
+            if not r.missing_for_resume
+            else f"Missing for resume: {', '.join(r.missing_for_resume)}."
+        )
+    elif r.resume is not None and r.resume.kind == "weights_only":
+        parts.append("Weights only.")
+    if any(not o.consistent for o in r.optimizers):
+        parts.append("Optimizer state inconsistent.")
+    k = r.key_mismatch
+    if k is not None:
+        if k.fits:
+            fix = f" after: {k.prefix_fix.description}" if k.prefix_fix else ""
+            parts.append(f"Fits the model{fix}.")
+        else:
+            parts.append(
+                f"Does not fit the model: {k.missing_count} missing, {k.unexpected_count} unexpected, "
+                f"{len(k.shape_mismatches)} shape mismatches."
+            )
+    if r.load_and_run is not None:
+        parts.append("load_and_run ok." if not r.load_and_run.error else "load_and_run failed.")
+    return " ".join(parts)

@@ -1,0 +1,352 @@
+"""verify_checkpoint in the worker: scan statically, load only if safe, then check contents and fit.
+
+Called by the runner as `tools.checkpoint.worker:run(request, job)`; see tools/checkpoint/scan.py
+(static safety), load.py (opening safe files), contents.py (tensors, NaN/Inf), resume.py
+(completeness, optimizer consistency) and fit.py (keys against a model).
+
+Order matters: nothing from the file is unpickled before the static scan says it is safe, and
+the user's model factory (their own code) runs only after that, in this same sandboxed child.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tools.checkpoint.allowlist import Policy
+from tools.checkpoint.contents import find_nonfinite, summarize_tensors
+from tools.checkpoint.fit import FitReport, compare_state_dicts
+from tools.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
+from tools.checkpoint.models import (
+    FileInfo,
+    FileProblem,
+    KeyMismatch,
+    LoadAndRun,
+    PickleInfo,
+    PrefixFix,
+    ResumeCheck,
+    ShapeMismatchInfo,
+    UnsafeGlobal,
+    VerifyCheckpointRequest,
+    VerifyCheckpointResult,
+)
+from tools.checkpoint.report import SKILL, build_findings, build_summary
+from tools.checkpoint.resume import file_role, find_resume_roles, get_path, optimizer_checks
+from tools.checkpoint.scan import StaticScan, scan_path
+from tools.checkpoint.tree import TensorMeta, is_tensor_mapping, leaf_info, walk
+from tools.results import Finding
+from tools.runner.child import JobContext
+from tools.runner.errors import UserCodeError
+from tools.runner.usercode import build_model, call_model, make_batch, resolve_device, to_device, user_code
+
+_LIGHTNING_KEYS = ("pytorch-lightning_version", "optimizer_states")
+
+
+def _resolve_path(raw: str, job: JobContext) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = job.cwd / path
+    if not path.exists():
+        parent = path.parent
+        near = sorted(p.name for p in parent.iterdir())[:20] if parent.is_dir() else []
+        hint = f"; {parent} holds: {', '.join(near)}" if near else ""
+        raise UserCodeError("bad_request", f"no checkpoint at {path}{hint}")
+    return path
+
+
+def _static_facts(scan: StaticScan, max_listed: int) -> dict[str, Any]:
+    unsafe = scan.unsafe()
+    pickles = scan.pickles()
+    allowed: dict[str, str] = {}
+    for p in pickles:
+        allowed.update(p.globals_used)
+    return {
+        "format": scan.format if scan.format != "safetensors_index" else "safetensors_sharded",
+        "files": [FileInfo(name=f.name, format=f.format, bytes=f.bytes) for f in scan.files],
+        "size_bytes": scan.bytes,
+        "safe": scan.safe,
+        "unsafe_globals": [
+            UnsafeGlobal(
+                source=u.source,
+                offset=u.offset,
+                opcode=u.opcode,
+                qualified=u.qualified,
+                risk=u.risk,
+                reason=u.reason,
+                called_at=u.called_at,
+            )
+            for u in unsafe[: max(max_listed, 10)]
+        ],
+        "unsafe_global_count": scan.unsafe_total(),
+        "problems": [
+            FileProblem(
+                code=p.code,
+                source=p.source,
+                message=p.message,
+                severity=p.severity,
+                blocks_safe=p.blocks_safe,
+            )
+            for p in scan.problems_all()
+        ],
+        "pickles": [
+            PickleInfo(
+                source=p.source,
+                protocol=p.protocol,
+                pickles=p.pickles,
+                opcodes=p.opcodes,
+                bytes=p.size,
+                complete=p.complete,
+                globals_allowed=sorted(p.globals_used),
+                unsafe_count=p.unsafe_total,
+            )
+            for p in pickles[:max_listed]
+        ],
+        "globals_allowed": sorted(allowed),
+        "needs_safe_globals": sorted(n for n, tier in allowed.items() if tier == "numpy"),
+        "scan_seconds": scan.seconds,
+    }
+
+
+def _layout(scan: StaticScan, loaded: LoadedCheckpoint | None, resume: ResumeCheck | None) -> str:
+    if loaded is None or loaded.obj is None:
+        return "not_loaded"
+    if scan.format == "dcp":
+        return "dcp"
+    obj = loaded.obj
+    if loaded.folder:
+        names = set(obj) if isinstance(obj, Mapping) else set()
+        trainer = {"optimizer.pt", "scheduler.pt", "trainer_state.json"} & names
+        return "huggingface_trainer" if trainer else "huggingface_model"
+    if leaf_info(obj) is not None:
+        return "tensor"
+    if is_tensor_mapping(obj):
+        return "state_dict"
+    if isinstance(obj, Mapping) and any(k in obj for k in _LIGHTNING_KEYS):
+        return "lightning"
+    if resume is not None and resume.kind == "training":
+        return "training_checkpoint"
+    return "other"
+
+
+def _checkpoint_model_state(
+    loaded: LoadedCheckpoint, resume: ResumeCheck
+) -> tuple[str, dict[str, Any]] | None:
+    """(description, {key: leaf}) of the checkpoint's model weights, or None when there are none."""
+    role = next((r for r in resume.roles if r.role == "model"), None)
+    if role is None:
+        return None
+    if loaded.folder and role.matched_by == "file":
+        models = [name for name in loaded.obj if file_role(name) == (True, "model")]
+        merged: dict[str, Any] = {}
+        for name in models:
+            value = loaded.obj.get(name)
+            if isinstance(value, Mapping):
+                merged.update(dict(walk(value)))
+        return ", ".join(models), merged
+    value = get_path(loaded.obj, role.key)
+    if not isinstance(value, Mapping):
+        return None
+    return role.key, dict(walk(value))
+
+
+def _model_entries(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
+    state = model.state_dict()
+    return {
+        k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)  # extra state (get_extra_state) is not a tensor
+    }
+
+
+def _key_mismatch(compared: str, report: FitReport, max_listed: int) -> KeyMismatch:
+    fix = report.fix
+    prefix = None
+    if not fix.is_identity:
+        prefix = PrefixFix(
+            description=fix.describe(),
+            remove_components=list(fix.remove_components),
+            at_every_depth=fix.everywhere,
+            strip_prefix=fix.strip_prefix,
+            add_prefix=fix.add_prefix,
+            code=fix.code(),
+        )
+
+    def info(items) -> list[ShapeMismatchInfo]:
+        return [ShapeMismatchInfo(**vars(m)) for m in items[:max_listed]]
+
+    return KeyMismatch(
+        compared=compared,
+        checkpoint_keys=report.checkpoint_keys,
+        model_keys=report.model_keys,
+        matched_as_is=report.matched_before,
+        matched=report.matched,
+        prefix_fix=prefix,
+        missing=report.missing[:max_listed],
+        missing_count=len(report.missing),
+        unexpected=report.unexpected[:max_listed],
+        unexpected_count=len(report.unexpected),
+        shape_mismatches=info(report.shape_mismatches),
+        dtype_mismatches=info(report.dtype_mismatches),
+        fits=report.fits,
+    )
+
+
+def _materialize(leaf: Any) -> torch.Tensor:
+    if isinstance(leaf, TensorMeta):
+        if leaf.read is None:
+            raise CheckpointLoadError(f"{leaf.source} cannot be read")
+        return leaf.read()
+    if isinstance(leaf, torch.Tensor):
+        return leaf
+    return torch.from_numpy(leaf)
+
+
+def _error_text(phase: str, exc: BaseException) -> str:
+    tail = "".join(traceback.format_exception(exc)[-3:]).strip()
+    return f"{phase} raised {type(exc).__name__}: {str(exc)[:1200]}\n{tail[-1500:]}"
+
+
+def _load_and_run(
+    request: VerifyCheckpointRequest,
+    job: JobContext,
+    model: torch.nn.Module,
+    state: dict[str, Any],
+    report: FitReport,
+) -> LoadAndRun:
+    result = LoadAndRun(
+        loaded=False,
+        prefix_fix_applied=not report.fix.is_identity,
+        error=None,
+        forward_ran=False,
+        output_shapes=[],
+        output_finite=None,
+    )
+    try:
+        renamed = {report.fix.apply(k): _materialize(v) for k, v in state.items()}
+    except Exception as e:  # a DCP item or safetensors range that cannot be read back
+        result.error = _error_text("reading the checkpoint's weights", e)
+        return result
+    try:
+        model.load_state_dict(renamed, strict=True)
+        result.loaded = True
+    except Exception as e:  # strict-load errors are the finding, not a tool failure
+        result.error = _error_text("model.load_state_dict(strict=True)", e)
+        return result
+    device = resolve_device(request.device)
+    with user_code("moving the model to the device"):
+        model = model.to(device).eval()
+    batch = make_batch(request, job.cwd, job.allowed_roots, device)
+    try:
+        with torch.no_grad():
+            output = call_model(model, to_device(batch, device))
+    except Exception as e:
+        result.error = _error_text("the forward pass", e)
+        return result
+    result.forward_ran = True
+    tensors = [t for _, t in walk(output) if isinstance(t, torch.Tensor)]
+    result.output_shapes = [list(t.shape) for t in tensors[:20]]
+    floats = [t for t in tensors if t.is_floating_point() or t.is_complex()]
+    result.output_finite = all(bool(torch.isfinite(t).all()) for t in floats) if floats else None
+    return result
+
+
+def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointResult:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    path = _resolve_path(request.path, job)
+    job.progress(0, 4, "static scan (nothing is loaded yet)")
+    scan = scan_path(path, Policy(numpy=request.allow_numpy))
+    facts = _static_facts(scan, request.max_listed)
+    loaded: LoadedCheckpoint | None = None
+    load_error = None
+    if facts["safe"]:
+        job.progress(1, 4, "loading the safe checkpoint")
+        try:
+            loaded = load_checkpoint(scan)
+        except CheckpointLoadError as e:
+            load_error = str(e)
+        if loaded is not None and loaded.problems:
+            facts["safe"] = False
+            facts["problems"] += [
+                FileProblem(
+                    code=p.code, source=p.source, message=p.message, severity=p.severity, blocks_safe=True
+                )
+                for p in loaded.problems
+            ]
+            loaded = None
+    obj = loaded.obj if loaded is not None else None
+    resume = find_resume_roles(obj, folder=loaded.folder) if loaded is not None else None
+    tensors = summarize_tensors(obj, max_listed=10) if loaded is not None else None
+    nonfinite = []
+    scanned = False
+    if loaded is not None and request.scan_nonfinite:
+        job.progress(2, 4, "counting NaN/Inf")
+        nonfinite = find_nonfinite(obj, loaded.mapped_file, request.max_listed)
+        scanned = True
+    key_mismatch = None
+    run_result = None
+    model_params = None
+    if request.model is not None and loaded is not None and resume is not None:
+        job.progress(3, 4, f"building {request.model}")
+        model = build_model(request, job.cwd, job.allowed_roots, None, to_device=False)
+        model_params = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+        state = _checkpoint_model_state(loaded, resume)
+        if state is not None:
+            compared, entries = state
+            shapes = {}
+            for k, v in entries.items():
+                info = leaf_info(v)
+                if info is not None:
+                    shapes[k] = (info.shape, info.dtype)
+            report = compare_state_dicts(shapes, _model_entries(model))
+            key_mismatch = _key_mismatch(compared, report, request.max_listed)
+            if request.load_and_run:
+                run_result = _load_and_run(request, job, model, entries, report)
+    elif request.load_and_run:
+        why = "is not safe to load" if not facts["safe"] else "could not be loaded (see load_error)"
+        run_result = LoadAndRun(
+            loaded=False,
+            prefix_fix_applied=False,
+            error=f"not attempted: the checkpoint {why}",
+            forward_ran=False,
+            output_shapes=[],
+            output_finite=None,
+        )
+    result = VerifyCheckpointResult(
+        path=str(path),
+        layout=_layout(scan, loaded, resume),
+        loaded=loaded is not None,
+        loaded_with=loaded.how if loaded is not None else None,
+        load_error=load_error,
+        tensors=tensors,
+        nonfinite_scanned=scanned,
+        nonfinite_tensors=nonfinite,
+        resume=resume,
+        missing_for_resume=resume.missing if resume is not None else [],
+        optimizers=optimizer_checks(obj, resume, model_params, request.max_listed)
+        if resume is not None
+        else [],
+        key_mismatch=key_mismatch,
+        load_and_run=run_result,
+        findings=[],
+        summary="",
+        **facts,
+    )
+    extra = []
+    if request.model is not None and loaded is not None and key_mismatch is None:
+        extra.append(
+            Finding(
+                severity="warning",
+                code="no_model_state_to_compare",
+                message="a model was given but the checkpoint holds no recognisable model state dict to compare "
+                "it with.",
+                skill=SKILL,
+            )
+        )
+    result.findings = build_findings(result) + extra
+    result.summary = build_summary(result)
+    job.progress(4, 4, "done")
+    return result

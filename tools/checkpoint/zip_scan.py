@@ -1,0 +1,393 @@
+"""Inspect a torch.save zip archive as hostile input and scan every pickle in it.
+
+Use:
+
+    scan = scan_zip_file("model.pt")                      # or scan_zip(fileobj, size, source)
+    scan.pickles      # PickleScan of data.pkl, every *.pkl, and any member that starts like a pickle
+    scan.problems     # Problem(...) for a truncated file, '..' or absolute names, duplicate names,
+                      # sizes beyond the file, overlapping members, zip bombs, encryption...
+    scan.data_pkl     # the member torch.load would unpickle ("archive/data.pkl")
+
+The end-of-central-directory record is read first, so a claimed million entries or a central
+directory beyond the file is refused before `zipfile` builds anything. Members torch reads as
+raw storage bytes (those data.pkl's persistent ids name) are never parsed as pickles; every other
+member that begins with a PROTO opcode is, since nothing but a pickle starts that way in a torch
+archive. Reads are bounded by `ZipLimits`.
+
+Known limitations: compressed members are read through zipfile's streaming decompressor, capped
+at `max_pickle_bytes`; a TorchScript archive's code/ is reported, not analysed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from tools.checkpoint.allowlist import Policy
+from tools.checkpoint.pickle_scan import PickleScan, ScanLimits, looks_like_pickle, scan_pickle
+from tools.checkpoint.problems import Problem
+
+_EOCD = b"PK\x05\x06"
+_EOCD64_LOCATOR = b"PK\x06\x07"
+_EOCD64 = b"PK\x06\x06"
+_LOCAL = b"PK\x03\x04"
+_EOCD_MAX_TAIL = 22 + 0xFFFF  # fixed record + the longest comment
+
+
+@dataclass(frozen=True)
+class ZipLimits:
+    max_entries: int = 1_000_000  # a 100k-tensor checkpoint has ~100k members
+    max_pickle_bytes: int = 1 << 30  # data.pkl of the largest public models is a few MiB
+    max_ratio: int = 1_000  # deflate tops out near 1032:1; more is a crafted bomb
+
+
+@dataclass
+class ZipMember:
+    name: str
+    data_offset: int  # where its (compressed) bytes start in the file
+    compressed_bytes: int
+    bytes: int
+    method: int
+
+
+@dataclass
+class ZipScan:
+    source: str
+    size: int
+    members: list[ZipMember] = field(default_factory=list)
+    prefix: str | None = None
+    data_pkl: str | None = None
+    data_pkl_sha256: str | None = None
+    is_torchscript: bool = False
+    storage_members: set[str] = field(default_factory=set)
+    pickles: list[PickleScan] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def opened(self) -> bool:
+        return bool(self.members)
+
+
+def scan_zip_file(
+    path: str | os.PathLike,
+    policy: Policy | None = None,
+    limits: ZipLimits | None = None,
+    scan_limits: ScanLimits | None = None,
+    source: str | None = None,
+) -> ZipScan:
+    """`scan_zip` on a file path."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return scan_zip(f, size, source or os.fspath(path), policy, limits, scan_limits)
+
+
+def _problem(scan: ZipScan, code: str, member: str | None, message: str, **kw) -> None:
+    where = f"{scan.source}::{member}" if member else scan.source
+    scan.problems.append(Problem(code, where, message, **kw))
+
+
+def _read_eocd(f: BinaryIO, size: int, scan: ZipScan, limits: ZipLimits) -> bool:
+    """Check the end-of-central-directory record; False when the archive cannot be trusted to open."""
+    tail_len = min(size, _EOCD_MAX_TAIL)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    at = tail.rfind(_EOCD)
+    if at < 0 or len(tail) - at < 22:
+        _problem(
+            scan,
+            "corrupt_zip",
+            None,
+            "no end-of-central-directory record: the archive is truncated or not a zip, so torch.load "
+            "cannot read it and its contents cannot be verified",
+        )
+        return False
+    eocd_pos = size - tail_len + at
+    _sig, _disk, _cd_disk, _n_disk, entries, cd_size, cd_offset, _comment = struct.unpack_from(
+        "<4sHHHHIIH", tail, at
+    )
+    cd_end = eocd_pos
+    saturated = entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF
+    locator = b""
+    if eocd_pos >= 20:
+        f.seek(eocd_pos - 20)
+        locator = f.read(20)
+    if locator[:4] == _EOCD64_LOCATOR:  # torch.save always writes the zip64 records
+        (eocd64_pos,) = struct.unpack_from("<Q", locator, 8)
+        if eocd64_pos + 56 > eocd_pos - 20:
+            _problem(
+                scan, "zip_size_beyond_file", None, f"zip64 record claimed at {eocd64_pos}, past its locator"
+            )
+            return False
+        f.seek(eocd64_pos)
+        record = f.read(56)
+        if record[:4] != _EOCD64:
+            _problem(scan, "corrupt_zip", None, "zip64 end-of-central-directory record missing")
+            return False
+        entries64, cd_size64, cd_offset64 = struct.unpack_from("<QQQ", record, 32)
+        if saturated:
+            entries, cd_size, cd_offset = entries64, cd_size64, cd_offset64
+        elif (entries64, cd_size64, cd_offset64) != (entries, cd_size, cd_offset):
+            _problem(
+                scan,
+                "zip_records_disagree",
+                None,
+                "the zip64 and classic end records give different member counts or offsets; zip readers "
+                "can disagree on what the archive holds",
+            )
+        cd_end = eocd64_pos
+    elif saturated:
+        _problem(scan, "corrupt_zip", None, "zip64 fields set but no zip64 locator")
+        return False
+    if entries > limits.max_entries:
+        _problem(
+            scan,
+            "zip_too_many_entries",
+            None,
+            f"the archive claims {entries} members (limit {limits.max_entries}); refusing to list it",
+        )
+        return False
+    if cd_offset + cd_size > size:
+        _problem(
+            scan,
+            "zip_size_beyond_file",
+            None,
+            f"the central directory claims bytes {cd_offset}..{cd_offset + cd_size} of a {size}-byte file: "
+            "truncated or crafted",
+        )
+        return False
+    if cd_offset + cd_size != cd_end:
+        _problem(
+            scan,
+            "zip_extra_data",
+            None,
+            f"{cd_end - cd_offset - cd_size} bytes sit between the archive start offsets and the central "
+            "directory (data prepended or spliced in); zip readers can disagree on such files",
+        )
+    return True
+
+
+def _check_name(scan: ZipScan, name: str) -> None:
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        _problem(
+            scan,
+            "zip_absolute_name",
+            name,
+            "member has an absolute path; an extracting tool would write outside its folder",
+        )
+    if ".." in parts:
+        _problem(
+            scan,
+            "zip_path_traversal",
+            name,
+            "member name contains '..'; an extracting tool would write outside its folder",
+        )
+    if "\x00" in name:
+        _problem(scan, "zip_bad_name", name, "member name contains a NUL byte")
+
+
+def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, limits: ZipLimits) -> None:
+    seen: set[str] = set()
+    spans: list[tuple[int, int, str]] = []
+    for info in zf.infolist():
+        name = info.filename
+        _check_name(scan, name)
+        if name in seen:
+            _problem(
+                scan,
+                "zip_duplicate_member",
+                name,
+                "two members share this name; zip readers differ on which one they return, so a scanner "
+                "and a loader can see different data",
+            )
+        seen.add(name)
+        if info.flag_bits & 0x1:
+            _problem(scan, "zip_encrypted", name, "member is encrypted and cannot be scanned")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            _problem(
+                scan,
+                "zip_unsupported_compression",
+                name,
+                f"compression method {info.compress_type}; torch's reader handles only stored and deflate",
+            )
+        if info.header_offset + 30 > size:
+            _problem(
+                scan,
+                "zip_size_beyond_file",
+                name,
+                f"local header claimed at offset {info.header_offset} of a {size}-byte file",
+            )
+            continue
+        f.seek(info.header_offset)
+        header = f.read(30)
+        if header[:4] != _LOCAL:
+            _problem(scan, "corrupt_zip", name, f"no local file header at offset {info.header_offset}")
+            continue
+        name_len, extra_len = struct.unpack_from("<HH", header, 26)
+        data_offset = info.header_offset + 30 + name_len + extra_len
+        data_end = data_offset + info.compress_size
+        if data_end > size:
+            _problem(
+                scan,
+                "zip_size_beyond_file",
+                name,
+                f"member claims {info.compress_size} bytes at offset {data_offset}, past the end of the "
+                f"{size}-byte file (truncated or crafted)",
+            )
+            continue
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            _problem(
+                scan,
+                "zip_size_mismatch",
+                name,
+                f"stored member declares {info.file_size} bytes uncompressed but {info.compress_size} stored",
+            )
+        if (
+            info.compress_type == zipfile.ZIP_DEFLATED
+            and info.file_size > max(info.compress_size, 1) * limits.max_ratio
+        ):
+            _problem(
+                scan,
+                "zip_bomb",
+                name,
+                f"member inflates {info.compress_size} bytes to a declared {info.file_size} "
+                f"(over {limits.max_ratio}:1): a decompression bomb",
+            )
+        spans.append((info.header_offset, data_end, name))
+        scan.members.append(
+            ZipMember(name, data_offset, info.compress_size, info.file_size, info.compress_type)
+        )
+    spans.sort()
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            _problem(
+                scan,
+                "zip_overlapping_members",
+                second,
+                f"member overlaps {first}; overlapping members are how quoted-overlap zip bombs and "
+                "parser-confusion files are built",
+            )
+
+
+def _read_member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits
+) -> bytes | None:
+    if info.file_size > limits.max_pickle_bytes:
+        _problem(
+            scan,
+            "pickle_too_large",
+            info.filename,
+            f"pickle member is {info.file_size} bytes (limit {limits.max_pickle_bytes}); not scanned",
+        )
+        return None
+    try:
+        with zf.open(info) as member:
+            data = member.read(limits.max_pickle_bytes + 1)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
+        _problem(scan, "corrupt_zip", info.filename, f"cannot read the member: {e}")
+        return None
+    if len(data) != info.file_size:
+        _problem(
+            scan,
+            "zip_size_mismatch",
+            info.filename,
+            f"member holds {len(data)} bytes but declares {info.file_size}",
+        )
+        return None
+    return data
+
+
+def _peek(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    try:
+        with zf.open(info) as member:
+            return member.read(2)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError):
+        return b""
+
+
+def scan_zip(
+    f: BinaryIO,
+    size: int,
+    source: str,
+    policy: Policy | None = None,
+    limits: ZipLimits | None = None,
+    scan_limits: ScanLimits | None = None,
+    nested=None,
+) -> ZipScan:
+    """Check the archive's structure, then scan data.pkl and every other pickle-like member."""
+    limits = limits or ZipLimits()
+    scan = ZipScan(source=source, size=size)
+    if not _read_eocd(f, size, scan, limits):
+        return scan
+    f.seek(0)
+    try:
+        zf = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as e:
+        _problem(scan, "corrupt_zip", None, f"the archive cannot be opened: {e}")
+        return scan
+    with zf:
+        _check_members(f, size, zf, scan, limits)
+        infos = zf.infolist()
+        if not infos:
+            _problem(scan, "corrupt_zip", None, "the archive has no members")
+            return scan
+        first = infos[0].filename
+        scan.prefix = first.split("/", 1)[0] if "/" in first else ""
+        data_name = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
+        by_name = {i.filename: i for i in infos}
+        scan.is_torchscript = (f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl") in by_name
+        scanned: set[int] = set()
+        if data_name in by_name:
+            scan.data_pkl = data_name
+            info = by_name[data_name]
+            data = _read_member(zf, info, scan, limits)
+            if data is not None:
+                scan.data_pkl_sha256 = hashlib.sha256(data).hexdigest()
+                result = scan_pickle(data, f"{source}::{data_name}", policy, scan_limits, nested=nested)
+                scan.pickles.append(result)
+                for pid in result.persistent_ids:
+                    if len(pid) >= 3 and pid[0] == "storage":
+                        scan.storage_members.add(
+                            f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
+                        )
+            scanned.add(id(info))
+        else:
+            _problem(
+                scan,
+                "zip_no_data_pkl",
+                None,
+                f"no {data_name}: this zip was not written by torch.save, and torch.load cannot read it",
+                blocks_safe=False,
+            )
+        for key in sorted(scan.storage_members):
+            if key not in by_name:
+                _problem(
+                    scan,
+                    "zip_missing_storage",
+                    key,
+                    "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
+                    blocks_safe=False,
+                )
+        for info in infos:
+            if id(info) in scanned or info.filename in scan.storage_members or info.is_dir():
+                continue
+            named_pickle = info.filename.endswith((".pkl", ".pickle"))
+            if not named_pickle and not looks_like_pickle(_peek(zf, info)):
+                continue
+            data = _read_member(zf, info, scan, limits)
+            if data is None:
+                continue
+            scan.pickles.append(
+                scan_pickle(data, f"{source}::{info.filename}", policy, scan_limits, nested=nested)
+            )
+    return scan
+
+
+def scan_zip_bytes(data: bytes, source: str, policy: Policy | None = None, **kw) -> ZipScan:
+    """`scan_zip` on an archive held in memory (a DCP item, bytes inside a pickle)."""
+    return scan_zip(io.BytesIO(data), len(data), source, policy, **kw)
