@@ -35,8 +35,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from tools.gradients.models import GradientRequest, GradientResult
 from tools.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
+from tools.gradients.models import GradientRequest, GradientResult
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool, default_memory_limit_bytes
@@ -498,6 +498,14 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         result = await run_in_worker(
             ctx,
             "tools.gradients.worker:run",
+            request,
+            timeout_s=timeout_s,
+            memory_limit_gib=memory_limit_gib,
+            device=device,
+            check_paths=[ref.path for ref in request.code_refs() if ref.path is not None],
+        )
+        return GradientResult.model_validate(result)
+
     # -- verify_checkpoint --
     @mcp.tool(annotations=RUNS_USER_CODE)
     async def verify_checkpoint(
@@ -564,9 +572,6 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             timeout_s=timeout_s,
             memory_limit_gib=memory_limit_gib,
             device=device,
-            check_paths=[ref.path for ref in request.code_refs() if ref.path is not None],
-        )
-        return GradientResult.model_validate(result)
             check_paths=[path, *code_files],
         )
         with anticipated_errors():
