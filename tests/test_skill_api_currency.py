@@ -66,15 +66,17 @@ def test_torch_load_with_weights_only_false_says_why(block):
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.relative_to(DEFAULT_SKILLS_DIR).as_posix())
 def test_prose_mentions_deprecated_apis_only_to_warn_against_them(path: Path):
     """A sentence naming torch.cuda.amp or torch.distributed.launch must say it is deprecated or not to use it."""
+    lines = path.read_text(encoding="utf-8").splitlines()
     in_fence = False
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if line.lstrip().startswith(("```", "~~~")):
             in_fence = not in_fence
             continue
         if in_fence:
             continue
+        sentence = " ".join(lines[max(0, number - 2) : number + 1])  # a sentence may wrap across lines
         for pattern in (r"torch\.cuda\.amp", r"torch\.distributed\.launch"):
             if re.search(pattern, line):
-                assert PROSE_WARNING.search(line), (
+                assert PROSE_WARNING.search(sentence), (
                     f"{path}:{number} mentions {pattern} without warning against it"
                 )
