@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import logging
 import os
 import sys
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +27,12 @@ from typing import Annotated, Any
 
 import jinja2
 from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.server.mcpserver.prompts.base import Prompt
 from mcp.server.mcpserver.resources import FunctionResource
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
+from mcp_types import INVALID_PARAMS, ListRootsResult, RequestParams, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from tools.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
@@ -50,7 +50,7 @@ from tools.skillpack.loader import (
 )
 from tools.skillpack.route import Router, RouteResult
 from tools.skillpack.router import RouterFormatError, parse_router
-from tools.userspec import CodeRefError, Device, DType
+from tools.userspec import CodeRef, CodeRefError, Device, DType
 
 log = logging.getLogger("torch-skills")
 
@@ -160,19 +160,48 @@ def anticipated_errors() -> Iterator[None]:
         raise ToolError(str(e)) from None
 
 
-async def allowed_roots(ctx: Context, state: ServerState) -> AllowedRoots:
-    """The server's roots plus the client's MCP roots, when the client offers them."""
-    caps = ctx.client_capabilities
-    if caps is None or getattr(caps, "roots", None) is None:
-        return state.roots
+def _path_in(value: str) -> str | None:
+    """The file a tool argument points at: 'models.py:build' -> 'models.py'; a plain path as is."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            listed = await ctx.session.list_roots()
-    except Exception as e:  # a client that declares roots but cannot answer keeps the defaults
-        log.info("could not list the client's roots: %r", e)
-        return state.roots
-    return state.roots.with_client_roots([str(r.uri) for r in listed.roots])
+        ref = CodeRef.parse(value)
+    except CodeRefError:
+        return value
+    return ref.path
+
+
+def client_roots_when_needed(*path_arguments: str) -> Any:
+    """An `Annotated[ListRootsResult, Resolve(...)]` type for a tool parameter: the client's MCP roots.
+
+    The resolver asks the client for its roots only when one of the named path arguments lies
+    outside the server's own roots and the client declared the roots capability; otherwise it
+    returns an empty list without a round trip. The SDK carries the request either way the
+    negotiated protocol wants (an input-required round on 2026-07-28, roots/list before).
+    """
+
+    def resolve(ctx: Context, **arguments: str | None) -> ListRoots | ListRootsResult:
+        caps = ctx.client_capabilities
+        if caps is None or caps.roots is None:
+            return ListRootsResult(roots=[])
+        state: ServerState = ctx.request_context.lifespan_context
+        for value in arguments.values():
+            path = _path_in(value) if value else None
+            if path is not None and not state.roots.contains(path):
+                return ListRoots()
+        return ListRootsResult(roots=[])
+
+    parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
+    parameters += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=str | None)
+        for name in path_arguments
+    ]
+    resolve.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    resolve.__annotations__ = {
+        "ctx": Context,
+        **{name: str | None for name in path_arguments},
+        "return": ListRoots | ListRootsResult,
+    }
+    resolve.__name__ = resolve.__qualname__ = f"client_roots_for_{'_'.join(path_arguments)}"
+    return Annotated[ListRootsResult, Resolve(resolve)]
 
 
 async def run_in_worker(
@@ -184,15 +213,18 @@ async def run_in_worker(
     memory_limit_gib: float | None,
     device: str = "auto",
     check_paths: Sequence[str] = (),
+    client_roots: ListRootsResult | None = None,
 ) -> dict[str, Any]:
     """Run a tool function in a fresh worker child; return its result dict with `run` facts filled in.
 
-    Every path the request names must be in `check_paths` (they are checked against the allowed
-    roots here, before any code runs). Raises a plain exception with the next step on failure,
-    which MCPServer returns as a tool error.
+    Every path the request names must be in `check_paths`: they are checked here, before any code
+    runs, against the server's roots plus `client_roots` (from `client_roots_when_needed`).
+    Raises ToolError with the next step on failure.
     """
     state: ServerState = ctx.request_context.lifespan_context
-    roots = await allowed_roots(ctx, state)
+    roots = state.roots
+    if client_roots is not None and client_roots.roots:
+        roots = roots.with_client_roots([str(r.uri) for r in client_roots.roots])
     with anticipated_errors():
         for path in check_paths:
             roots.check(path)
@@ -248,6 +280,10 @@ LossArg = Annotated[
 ]
 DeviceArg = Annotated[Device, Field(description="'auto' uses CUDA when present")]
 RUNS_USER_CODE = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+
+# The client's MCP roots, fetched only when an argument points outside the server's roots.
+GradientRoots = client_roots_when_needed("model", "function", "inputs", "loss")
+CheckpointRoots = client_roots_when_needed("path", "model", "inputs")
 
 TimeoutArg = Annotated[float, Field(gt=0, le=3600, description="seconds before the run is stopped")]
 MemoryArg = Annotated[
@@ -472,6 +508,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         ] = True,
         timeout_s: TimeoutArg = 120.0,
         memory_limit_gib: MemoryArg = None,
+        client_roots: GradientRoots = None,
     ) -> GradientResult:
         """Run one forward + backward on the user's model and say what is wrong with its gradients.
 
@@ -503,6 +540,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             memory_limit_gib=memory_limit_gib,
             device=device,
             check_paths=[ref.path for ref in request.code_refs() if ref.path is not None],
+            client_roots=client_roots,
         )
         return GradientResult.model_validate(result)
 
@@ -536,6 +574,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         device: DeviceArg = "auto",
         timeout_s: TimeoutArg = 120,
         memory_limit_gib: MemoryArg = None,
+        client_roots: CheckpointRoots = None,
     ) -> VerifyCheckpointResult:
         """Is this checkpoint safe to load, complete for resuming, and does it fit my model?
 
@@ -573,6 +612,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             memory_limit_gib=memory_limit_gib,
             device=device,
             check_paths=[path, *code_files],
+            client_roots=client_roots,
         )
         with anticipated_errors():
             return VerifyCheckpointResult.model_validate(result)

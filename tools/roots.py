@@ -48,12 +48,15 @@ class AllowedRoots:
             p = self.cwd / p
         return Path(os.path.realpath(p))
 
+    def contains(self, path: str | Path) -> bool:
+        """Whether `path` (resolved) lies under one of the roots."""
+        resolved = self.resolve(path)
+        return any(resolved == root or resolved.is_relative_to(root) for root in self.all)
+
     def check(self, path: str | Path) -> Path:
         """Return the resolved path if it lies under an allowed root, else raise PathNotAllowed."""
-        resolved = self.resolve(path)
-        for root in self.all:
-            if resolved == root or resolved.is_relative_to(root):
-                return resolved
+        if self.contains(path):
+            return self.resolve(path)
         roots = ", ".join(str(r) for r in self.all)
         raise PathNotAllowed(
             f"{path} is outside the allowed roots ({roots}). Move the file under one of them, "
