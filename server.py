@@ -66,7 +66,7 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 `get_skill`."""
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
-WORKER_PRELOAD = ("tools.runner.usercode",)
+WORKER_PRELOAD = ("tools.runner.usercode", "tools.memory.worker")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,6 +408,89 @@ def _register_torch_tools(mcp: MCPServer) -> None:
     "tools.<tool>.worker:run", request, ..., check_paths=[...every file it names...])`, and
     validate the returned dict into its result model (which has a `run: RunInfo | None` field).
     """
+
+    # -- estimate_memory --------------------------------------------------------------------------
+    from tools.memory.models import (
+        EstimateMemoryRequest,
+        EstimateMemoryResult,
+        Mode,
+        OptimizerName,
+        Precision,
+        Sharding,
+        TargetDevice,
+    )
+
+    @mcp.tool(annotations=RUNS_USER_CODE)
+    async def estimate_memory(
+        ctx: Context,
+        model: ModelArg,
+        model_kwargs: ModelKwargsArg = None,
+        inputs: InputsArg = None,
+        input_shape: InputShapeArg = None,
+        input_dtype: InputDtypeArg = "float32",
+        loss: LossArg = None,
+        mode: Annotated[Mode, Field(description="train: forward + backward + optimizer step; inference: forward only")] = "train",
+        optimizer: Annotated[OptimizerName, Field(description="optimizer whose state is counted (train)")] = "adamw",
+        precision: Annotated[
+            Precision,
+            Field(description="fp32, bf16/fp16 (model cast), bf16_autocast/fp16_autocast (fp32 weights, autocast forward)"),
+        ] = "fp32",
+        activation_checkpointing: Annotated[
+            list[str] | None,
+            Field(description="module class names to recompute in backward, e.g. ['Block']; omit for off"),
+        ] = None,
+        batch_size: Annotated[int | None, Field(ge=1, description="batch size to estimate (default: the batch given)")] = None,
+        gradient_accumulation: Annotated[int, Field(ge=1, description="micro-batches per optimizer step")] = 1,
+        world_size: Annotated[int, Field(ge=1, description="data-parallel ranks; figures are per rank")] = 1,
+        sharding: Annotated[Sharding, Field(description="none, ddp, zero1, zero2 or fsdp")] = "none",
+        device_memory_gib: Annotated[
+            float | None, Field(gt=0, description="memory of one device in GiB: answers 'does it fit' and finds the max batch size")
+        ] = None,
+        target_device: Annotated[
+            TargetDevice, Field(description="cuda (default): CUDA allocator rounding, cache and context; cpu: exact tensor bytes")
+        ] = "cuda",
+        device: DeviceArg = "auto",
+        timeout_s: TimeoutArg = 600,
+        memory_limit_gib: MemoryArg = None,
+    ) -> EstimateMemoryResult:
+        """Estimate peak GPU (or CPU) memory of one training or inference step, without a GPU and without
+        allocating the model: the factory and one step run on fake tensors, so a 7B model is estimated on a
+        laptop. Returns peak allocated and reserved bytes, a breakdown (parameters, gradients, optimizer
+        state, activations, temporaries) at the peak, the phase and module where it happens, the modules
+        saving the most activations, per-rank figures under DDP/ZeRO/FSDP, whether it fits
+        device_memory_gib and the largest batch size that does, with findings naming the skill to read.
+        Use it before an OOM ("will it fit?") or after one ("what takes the memory?")."""
+        with anticipated_errors():
+            request = EstimateMemoryRequest(
+                model=model,
+                model_kwargs=model_kwargs or {},
+                inputs=inputs,
+                input_shape=input_shape,
+                input_dtype=input_dtype,
+                loss=loss,
+                device=device,
+                mode=mode,
+                optimizer=optimizer,
+                precision=precision,
+                activation_checkpointing=activation_checkpointing or "off",
+                batch_size=batch_size,
+                gradient_accumulation=gradient_accumulation,
+                world_size=world_size,
+                sharding=sharding,
+                device_memory_gib=device_memory_gib,
+                target_device=target_device,
+            )
+        paths = [ref.path for ref in request.code_refs() if ref.path is not None]
+        result = await run_in_worker(
+            ctx,
+            "tools.memory.worker:run",
+            request,
+            timeout_s=timeout_s,
+            memory_limit_gib=memory_limit_gib,
+            device=device,
+            check_paths=paths,
+        )
+        return EstimateMemoryResult.model_validate(result)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def replay_events(
     saved: dict[str, int] = {}
     for rec in first_forward:
         if rec.kind == "activation":
-            key = rec.saved_by or "(outside any module)"
+            key = rec.saved_by or "(outside any module: loss, functional code)"
             saved[key] = saved.get(key, 0) + rec.nbytes
     return Replay(
         peak=peak,

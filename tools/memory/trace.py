@@ -41,6 +41,7 @@ from tools.memory.ledger import StorageLedger
 from tools.memory.modules import ModuleScope
 from tools.memory.probes import KernelProbe
 
+OUTSIDE_MODULES = "(outside any module: loss, functional code)"
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST = {"bf16_autocast": torch.bfloat16, "fp16_autocast": torch.float16}
 
@@ -148,7 +149,7 @@ def trace_step(
 # -- the step ---------------------------------------------------------------------------------
 def _train_step(model, batch, loss_fn, optimizer, spec, ledger, scope, device) -> None:
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        ledger.classify(tensor, "activation", saved_by=scope.current() or "(outside any module)")
+        ledger.classify(tensor, "activation", saved_by=scope.current() or OUTSIDE_MODULES)
         return tensor
 
     output = loss = None
