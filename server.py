@@ -35,6 +35,15 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
+from tools.memory.models import (  # estimate_memory's request/result (no torch)
+    EstimateMemoryRequest,
+    EstimateMemoryResult,
+    Mode,
+    OptimizerName,
+    Precision,
+    Sharding,
+    TargetDevice,
+)
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool, default_memory_limit_bytes
@@ -410,16 +419,6 @@ def _register_torch_tools(mcp: MCPServer) -> None:
     """
 
     # -- estimate_memory --------------------------------------------------------------------------
-    from tools.memory.models import (
-        EstimateMemoryRequest,
-        EstimateMemoryResult,
-        Mode,
-        OptimizerName,
-        Precision,
-        Sharding,
-        TargetDevice,
-    )
-
     @mcp.tool(annotations=RUNS_USER_CODE)
     async def estimate_memory(
         ctx: Context,

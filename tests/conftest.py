@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +17,27 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 @pytest.fixture(scope="session")
 async def client() -> AsyncIterator[Client]:
-    """An in-memory Client connected to build_server(); its warm worker is shared by all tests."""
-    async with Client(build_server(allow=[FIXTURES])) as c:
-        yield c
+    """An in-memory Client connected to build_server(); its warm worker is shared by all tests.
+
+    The client is opened and closed inside one task of its own: pytest-asyncio runs a fixture's
+    setup and teardown in different tasks, and anyio refuses to exit a cancel scope elsewhere.
+    """
+    opened: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+    finished = asyncio.Event()
+
+    async def hold() -> None:
+        try:
+            async with Client(build_server(allow=[FIXTURES])) as c:
+                opened.set_result(c)
+                await finished.wait()
+        except BaseException as exc:
+            if not opened.done():
+                opened.set_exception(exc)
+            raise
+
+    holder = asyncio.create_task(hold())
+    try:
+        yield await opened
+    finally:
+        finished.set()
+        await holder

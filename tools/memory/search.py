@@ -62,35 +62,20 @@ def max_batch_size(
     slope = (known[b1].device_bytes - first.device_bytes) / (b1 - b0)
     if slope <= 0 and hi is None:
         return _result(None, "memory did not grow with the batch size between the traced sizes", known)
-    if slope > 0:
-        anchor = known[lo] if lo else first
-        guess = (lo or b0) + int((capacity_bytes - anchor.device_bytes) // slope)
-        guess = max(1, min(guess, BATCH_LIMIT))
-        if guess not in known and traces_left():
-            fits(guess)
+    interpolate = True
+    while traces_left() and (hi is None or hi - lo > 1):
+        width = None if hi is None else hi - lo
+        probe = _next_probe(known, lo, hi, capacity_bytes, interpolate)
+        if probe in known:
+            break
+        fitted = fits(probe)
+        # the line is usually right to within a sample or two: check the neighbour on the far side at once
+        neighbour = probe + 1 if fitted else probe - 1
+        if traces_left() and neighbour >= 1 and neighbour not in known and (hi is None or lo < neighbour < hi):
+            fits(neighbour)
         lo, hi = _bracket(known)
-        # gallop away from the guess in steps 1, 2, 4, ... until the bracket closes on both sides
-        step = 1
-        while traces_left() and (hi is None or hi - lo > 1):
-            if hi is None or guess <= lo:  # the guess fits: walk up from the largest fitting size
-                probe = min(lo + step, BATCH_LIMIT)
-                if hi is not None and probe >= hi:
-                    break
-            else:  # the guess does not fit: walk down from the smallest failing size
-                probe = hi - step
-                if probe <= lo:
-                    break
-            if probe in known or probe < 1:
-                break
-            fits(probe)
-            lo, hi = _bracket(known)
-            step *= 2
-    while hi is not None and hi - lo > 1 and traces_left():
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
+        # regula falsi can creep from one side: when a step did not halve the bracket, bisect next
+        interpolate = width is None or hi is None or (hi - lo) * 2 <= width
     if lo == 0:
         return _result(0, "batch size 1 does not fit", known) if 1 in known else _result(
             None, f"no traced batch size fits (smallest traced: {min(known)})", known
@@ -103,6 +88,24 @@ def max_batch_size(
     if not exact:
         how += f" (search stopped after {max_traces} traces; the true maximum may be larger)"
     return _result(lo, how, known)
+
+
+def _next_probe(known: dict[int, Estimate], lo: int, hi: int | None, capacity: int, interpolate: bool) -> int:
+    """The next batch size to trace: on the line through the bracket's ends (or the two largest sizes), else halfway."""
+    sizes = sorted(known)
+    if hi is None:  # everything traced fits: extrapolate from the two largest sizes (at most x8 further)
+        a, b = sizes[-2], sizes[-1]
+        ea, eb = known[a].device_bytes, known[b].device_bytes
+        step = (eb - ea) / (b - a) if b != a else 0
+        guess = b + int((capacity - eb) // step) if step > 0 else b * 2
+        return max(b + 1, min(guess, b * 8, BATCH_LIMIT))
+    if lo == 0 or not interpolate:
+        return max(1, (lo + hi) // 2)
+    e_lo, e_hi = known[lo].device_bytes, known[hi].device_bytes
+    if e_hi <= e_lo:
+        return (lo + hi) // 2
+    guess = lo + int((capacity - e_lo) * (hi - lo) // (e_hi - e_lo))
+    return min(max(guess, lo + 1), hi - 1)
 
 
 def _bracket(known: dict[int, Estimate]) -> tuple[int, int | None]:

@@ -124,8 +124,8 @@ class _Tracer:
         return "batch_size" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     def trace(self, batch_size: int | None, *, fake: bool = True, device: torch.device | None = None) -> Trace:
-        try:
-            with user_code("the traced step (forward, loss, backward, optimizer step)"):
+        with user_code("the traced step (forward, loss, backward, optimizer step)"):
+            try:
                 return trace_step(
                     self.build,
                     self.batch,
@@ -136,8 +136,8 @@ class _Tracer:
                     fake=fake,
                     probe_scratch=self.probe_scratch,
                 )
-        except CheckpointTargetMissing as exc:
-            raise UserCodeError("bad_request", str(exc)) from exc
+            except CheckpointTargetMissing as exc:  # the request is wrong, not the code: no fallback
+                raise UserCodeError("bad_request", str(exc)) from exc
 
 
 def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool, failure: str | None):
