@@ -428,25 +428,42 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         input_shape: InputShapeArg = None,
         input_dtype: InputDtypeArg = "float32",
         loss: LossArg = None,
-        mode: Annotated[Mode, Field(description="train: forward + backward + optimizer step; inference: forward only")] = "train",
-        optimizer: Annotated[OptimizerName, Field(description="optimizer whose state is counted (train)")] = "adamw",
+        mode: Annotated[
+            Mode, Field(description="train: forward + backward + optimizer step; inference: forward only")
+        ] = "train",
+        optimizer: Annotated[
+            OptimizerName, Field(description="optimizer whose state is counted (train)")
+        ] = "adamw",
         precision: Annotated[
             Precision,
-            Field(description="fp32, bf16/fp16 (model cast), bf16_autocast/fp16_autocast (fp32 weights, autocast forward)"),
+            Field(
+                description="fp32, bf16/fp16 (model cast), bf16_autocast/fp16_autocast (fp32 weights, autocast forward)"
+            ),
         ] = "fp32",
         activation_checkpointing: Annotated[
             list[str] | None,
             Field(description="module class names to recompute in backward, e.g. ['Block']; omit for off"),
         ] = None,
-        batch_size: Annotated[int | None, Field(ge=1, description="batch size to estimate (default: the batch given)")] = None,
-        gradient_accumulation: Annotated[int, Field(ge=1, description="micro-batches per optimizer step")] = 1,
+        batch_size: Annotated[
+            int | None, Field(ge=1, description="batch size to estimate (default: the batch given)")
+        ] = None,
+        gradient_accumulation: Annotated[
+            int, Field(ge=1, description="micro-batches per optimizer step")
+        ] = 1,
         world_size: Annotated[int, Field(ge=1, description="data-parallel ranks; figures are per rank")] = 1,
         sharding: Annotated[Sharding, Field(description="none, ddp, zero1, zero2 or fsdp")] = "none",
         device_memory_gib: Annotated[
-            float | None, Field(gt=0, description="memory of one device in GiB: answers 'does it fit' and finds the max batch size")
+            float | None,
+            Field(
+                gt=0,
+                description="memory of one device in GiB: answers 'does it fit' and finds the max batch size",
+            ),
         ] = None,
         target_device: Annotated[
-            TargetDevice, Field(description="cuda (default): CUDA allocator rounding, cache and context; cpu: exact tensor bytes")
+            TargetDevice,
+            Field(
+                description="cuda (default): CUDA allocator rounding, cache and context; cpu: exact tensor bytes"
+            ),
         ] = "cuda",
         device: DeviceArg = "auto",
         timeout_s: TimeoutArg = 600,

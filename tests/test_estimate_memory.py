@@ -50,7 +50,9 @@ def test_the_cuda_target_rounds_every_storage_to_512_bytes():
     est = estimate_trace(trace, Target(cuda=True))
     assert est.breakdown["parameters"] == LINEAR_PARAMS * FP32
     assert est.breakdown["optimizer_state"] == 2 * LINEAR_PARAMS * FP32 + 2 * 512
-    assert est.workspace_bytes == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8)  # two cuBLAS workspaces, forward + backward thread
+    assert est.workspace_bytes == 2 * (
+        4096 * 1024 * 2 + 16 * 1024 * 8
+    )  # two cuBLAS workspaces, forward + backward thread
     assert est.peak_reserved >= est.peak_allocated
 
 
@@ -68,7 +70,9 @@ def test_building_under_fake_tensors_allocates_nothing_for_a_large_model():
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    trace = trace_step(lambda: torch.nn.Linear(16384, 32768), lambda b: torch.randn(4, 16384), mean_loss, StepSpec())
+    trace = trace_step(
+        lambda: torch.nn.Linear(16384, 32768), lambda b: torch.randn(4, 16384), mean_loss, StepSpec()
+    )
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert trace.param_bytes == (16384 * 32768 + 32768) * 4 > 2 * 2**30
     assert after - before < 256 * 2**20
@@ -119,7 +123,15 @@ def test_saved_activations_are_attributed_to_the_first_module_that_saved_them():
     hidden = 64 * 1024 * FP32  # (B, 1024) float32
     # ReLU "1" saves its output (which Linear "2" saves too); GELUs save their inputs, Linears after a GELU theirs.
     # The batch saved by Linear "0" is an input, and weights are parameters: neither counts as an activation.
-    assert replay.saved_by_module == {"1": hidden, "3": hidden, "4": hidden, "5": hidden, "6": hidden, "7": hidden, "8": hidden}
+    assert replay.saved_by_module == {
+        "1": hidden,
+        "3": hidden,
+        "4": hidden,
+        "5": hidden,
+        "6": hidden,
+        "7": hidden,
+        "8": hidden,
+    }
     assert replay.activation_bytes == 7 * hidden
 
 
@@ -142,7 +154,9 @@ def test_the_module_scope_names_modules_in_forward_and_in_backward():
             seen["forward"].append(scope.current())
             return Spy.apply(x)
 
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(SpyModule(), torch.nn.ReLU()), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.Sequential(SpyModule(), torch.nn.ReLU()), torch.nn.Linear(8, 1)
+    )
     scope = ModuleScope(model)
     with scope:
         model(torch.randn(4, 8)).sum().backward()

@@ -14,7 +14,9 @@ SKILLS = {
     "checkpointing-and-reproducibility",
     "custom-autograd-functions",
 }
-LLAMA_7B_PARAMS = 6_738_415_616  # 32000*4096*2 (embedding, output) + 32 * (4*4096^2 + 3*4096*11008 + 2*4096) + 4096
+LLAMA_7B_PARAMS = (
+    6_738_415_616  # 32000*4096*2 (embedding, output) + 32 * (4*4096^2 + 3*4096*11008 + 2*4096) + 4096
+)
 LLAMA_7B_TENSORS = 1 + 32 * 9 + 2  # embedding, 9 per block, final norm, output
 
 
@@ -61,7 +63,9 @@ async def test_a_7b_decoder_is_estimated_without_allocating_it(client):
     assert out["breakdown"]["parameters"] == 2 * LLAMA_7B_PARAMS  # every bf16 tensor is a multiple of 512 B
     # two bf16 moments per parameter, plus a float32 `step` scalar per tensor in its own 512 B block
     assert out["breakdown"]["optimizer_state"] == 4 * LLAMA_7B_PARAMS + 512 * LLAMA_7B_TENSORS
-    assert out["peak_allocated_bytes"] > 6 * LLAMA_7B_PARAMS  # weights + gradients + state: 8 bytes per parameter at least
+    assert (
+        out["peak_allocated_bytes"] > 6 * LLAMA_7B_PARAMS
+    )  # weights + gradients + state: 8 bytes per parameter at least
     assert out["method"] == "traced"
 
 
@@ -69,18 +73,30 @@ async def test_inference_holds_no_gradients_or_optimizer_state(client):
     """mode='inference' runs the forward under no_grad: the peak is in forward with nothing saved for backward."""
     r = await client.call_tool(
         "estimate_memory",
-        {"model": f"{MODELS}:build_llama", "inputs": f"{MODELS}:llama_inputs", "mode": "inference", "target_device": "cpu"},
+        {
+            "model": f"{MODELS}:build_llama",
+            "inputs": f"{MODELS}:llama_inputs",
+            "mode": "inference",
+            "target_device": "cpu",
+        },
     )
     assert not r.is_error, r.content
     out = r.structured_content
     assert out["peak_phase"] == "forward" and out["optimizer"] == "none"
-    assert out["breakdown"]["gradients"] == out["breakdown"]["optimizer_state"] == out["breakdown"]["activations"] == 0
+    assert (
+        out["breakdown"]["gradients"]
+        == out["breakdown"]["optimizer_state"]
+        == out["breakdown"]["activations"]
+        == 0
+    )
     assert out["peak_reserved_bytes"] == out["peak_allocated_bytes"] and out["cuda_context_bytes"] == 0
 
 
 async def test_a_missing_factory_is_a_tool_error_that_lists_the_callables(client):
     """Naming a factory the file does not have returns a tool error with the callables it does have."""
-    r = await client.call_tool("estimate_memory", {"model": f"{MODELS}:build_resnet50", "input_shape": [2, 3, 32, 32]})
+    r = await client.call_tool(
+        "estimate_memory", {"model": f"{MODELS}:build_resnet50", "input_shape": [2, 3, 32, 32]}
+    )
     assert r.is_error
     text = r.content[0].text
     assert "build_resnet50" in text and "build_resnet" in text

@@ -28,7 +28,12 @@ def mean_loss(output, batch):
 
 @pytest.fixture(scope="module")
 def linear_trace():
-    return trace_step(lambda: torch.nn.Linear(4096, 4096), lambda b: torch.randn(1, 4096), mean_loss, StepSpec(optimizer="adam"))
+    return trace_step(
+        lambda: torch.nn.Linear(4096, 4096),
+        lambda b: torch.randn(1, 4096),
+        mean_loss,
+        StepSpec(optimizer="adam"),
+    )
 
 
 @pytest.fixture
@@ -75,7 +80,9 @@ def test_the_batch_search_returns_a_size_that_fits_with_the_next_one_failing():
     spec = StepSpec(optimizer="sgd")
 
     def at(batch):
-        return estimate_trace(trace_step(zoo.build_mlp, zoo.mlp_inputs, mean_loss, spec, batch_size=batch), target)
+        return estimate_trace(
+            trace_step(zoo.build_mlp, zoo.mlp_inputs, mean_loss, spec, batch_size=batch), target
+        )
 
     found = max_batch_size(at, at(64), capacity_bytes=target.capacity_bytes)
     assert found.batch_size and found.batch_size > 64
@@ -86,17 +93,31 @@ def test_the_batch_search_returns_a_size_that_fits_with_the_next_one_failing():
 def test_data_dependent_forward_falls_back_to_extrapolating_real_runs(job):
     """A forward calling .item() cannot be traced: real runs at batch 1 and 2 are extrapolated to 64, within 3% of a real run."""
     result = run(
-        job, model=f"{MODELS}:build_data_dependent", inputs=f"{MODELS}:small_inputs", batch_size=64, target_device="cpu", optimizer="adam"
+        job,
+        model=f"{MODELS}:build_data_dependent",
+        inputs=f"{MODELS}:small_inputs",
+        batch_size=64,
+        target_device="cpu",
+        optimizer="adam",
     )
     assert result.method == "extrapolated"
     assert "trace_failed_extrapolated" in [f.code for f in result.findings]
-    truth = measure_real_step(zoo.build_data_dependent, zoo.small_inputs, mean_loss, StepSpec(optimizer="adam"), batch_size=64, steps=2)
+    truth = measure_real_step(
+        zoo.build_data_dependent,
+        zoo.small_inputs,
+        mean_loss,
+        StepSpec(optimizer="adam"),
+        batch_size=64,
+        steps=2,
+    )
     assert result.peak_allocated_bytes == pytest.approx(truth.peak_allocated_bytes, rel=0.03)
 
 
 def test_gradient_accumulation_keeps_gradients_alive_in_the_next_forward(job):
     """With 4 micro-batches the second forward runs with all gradients alive; the finding says by how much."""
-    common = dict(model=f"{MODELS}:build_mlp", inputs=f"{MODELS}:mlp_inputs", target_device="cpu", optimizer="sgd")
+    common = dict(
+        model=f"{MODELS}:build_mlp", inputs=f"{MODELS}:mlp_inputs", target_device="cpu", optimizer="sgd"
+    )
     single = run(job, **common)
     accumulated = run(job, gradient_accumulation=4, **common)
     finding = next(f for f in accumulated.findings if f.code == "gradient_accumulation")
@@ -124,5 +145,7 @@ def test_a_step_that_does_not_fit_is_an_error_finding_with_the_largest_batch_tha
 def test_an_unknown_checkpointing_class_is_a_bad_request_naming_the_classes(job):
     """activation_checkpointing=['Nope'] fails before any tracing with the model's module classes listed."""
     with pytest.raises(UserCodeError) as err:
-        run(job, model=f"{MODELS}:build_gpt", inputs=f"{MODELS}:gpt_inputs", activation_checkpointing=["Nope"])
+        run(
+            job, model=f"{MODELS}:build_gpt", inputs=f"{MODELS}:gpt_inputs", activation_checkpointing=["Nope"]
+        )
     assert err.value.kind == "bad_request" and "GPTBlock" in err.value.message

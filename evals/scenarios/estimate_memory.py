@@ -12,7 +12,12 @@ SCENARIOS: list[Scenario] = [
         id="linear-adam-exact-bytes",
         tool="estimate_memory",
         description="Linear(4096, 4096) with Adam on CPU: parameters, gradients and two moments to the byte.",
-        arguments={"model": f"{M}:linear_4096", "input_shape": [1, 4096], "optimizer": "adam", "target_device": "cpu"},
+        arguments={
+            "model": f"{M}:linear_4096",
+            "input_shape": [1, 4096],
+            "optimizer": "adam",
+            "target_device": "cpu",
+        },
         expect=[
             Expect("method", "eq", "traced"),
             Expect("breakdown.parameters", "eq", LINEAR_BYTES),
@@ -69,7 +74,12 @@ SCENARIOS: list[Scenario] = [
         id="does-not-fit-reports-the-largest-batch",
         tool="estimate_memory",
         description="1 GiB is not enough for batch 64 of the deep model; the error finding and the max batch size say so.",
-        arguments={"model": f"{M}:deep_blocks", "inputs": f"{M}:deep_inputs", "batch_size": 64, "device_memory_gib": 1},
+        arguments={
+            "model": f"{M}:deep_blocks",
+            "inputs": f"{M}:deep_inputs",
+            "batch_size": 64,
+            "device_memory_gib": 1,
+        },
         expect=[
             Expect("fits", "eq", False),
             Expect("findings[*].code", "contains", "does_not_fit"),
@@ -101,7 +111,11 @@ SCENARIOS: list[Scenario] = [
         id="unknown-checkpoint-class-is-an-error",
         tool="estimate_memory",
         description="Checkpointing a class the model does not have fails with the classes it does have.",
-        arguments={"model": f"{M}:deep_blocks", "inputs": f"{M}:deep_inputs", "activation_checkpointing": ["TransformerBlock"]},
+        arguments={
+            "model": f"{M}:deep_blocks",
+            "inputs": f"{M}:deep_inputs",
+            "activation_checkpointing": ["TransformerBlock"],
+        },
         expect_error="activation_checkpointing names TransformerBlock",
     ),
 ]

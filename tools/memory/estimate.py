@@ -81,7 +81,13 @@ def estimate_trace(trace: Trace, target: Target) -> Estimate:
         if uses_cublas(trace.events):
             handles = 2 if target.training else 1
             workspace = cublas_workspace_bytes(hopper=target.hopper, handles=handles)
-            events = [(ALLOC, StorageRecord(-10_000 - i, workspace // handles, "buffer", "setup", "cuBLAS workspace")) for i in range(handles)] + events
+            events = [
+                (
+                    ALLOC,
+                    StorageRecord(-10_000 - i, workspace // handles, "buffer", "setup", "cuBLAS workspace"),
+                )
+                for i in range(handles)
+            ] + events
     capacity = None
     if target.capacity_bytes is not None and target.cuda:
         capacity = max(0, target.capacity_bytes - context)
@@ -129,7 +135,9 @@ def extrapolate(small: Estimate, large: Estimate, batch_size: int, capacity_byte
         peak_tensor_bytes=line(small.peak_tensor_bytes, large.peak_tensor_bytes),
         breakdown=breakdown,
         phase_peaks={k: line(small.phase_peaks.get(k, 0), v) for k, v in large.phase_peaks.items()},
-        saved_by_module={k: line(small.saved_by_module.get(k, 0), v) for k, v in large.saved_by_module.items()},
+        saved_by_module={
+            k: line(small.saved_by_module.get(k, 0), v) for k, v in large.saved_by_module.items()
+        },
         activation_bytes=line(small.activation_bytes, large.activation_bytes),
     )
     if capacity_bytes is not None:

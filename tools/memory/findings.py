@@ -201,7 +201,9 @@ def memory_findings(f: Facts) -> list[Finding]:
 def memory_summary(f: Facts) -> str:
     r = f.request
     where = f"{f.phase}" + (f" in {f.module}" if f.module else "")
-    per_rank = f" per rank ({r.sharding}, {r.world_size} ranks)" if r.world_size > 1 and r.sharding != "none" else ""
+    per_rank = (
+        f" per rank ({r.sharding}, {r.world_size} ranks)" if r.world_size > 1 and r.sharding != "none" else ""
+    )
     text = f"Peak {format_bytes(f.peak_allocated)} allocated{per_rank}"
     if r.target_device == "cuda":
         text += f", {format_bytes(f.device_bytes)} on the device with the allocator's cache and CUDA context"

@@ -33,7 +33,15 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from tools.memory.trace import AUTOCAST, LOW_PRECISION, StepSpec, call_model, convert_tensors, make_optimizer, wrap_checkpointing
+from tools.memory.trace import (
+    AUTOCAST,
+    LOW_PRECISION,
+    StepSpec,
+    call_model,
+    convert_tensors,
+    make_optimizer,
+    wrap_checkpointing,
+)
 
 
 @dataclass
@@ -71,7 +79,9 @@ def measure_real_step(
             peak_reserved_bytes=torch.cuda.max_memory_reserved(),
             method="torch.cuda.max_memory_allocated/max_memory_reserved after reset_peak_memory_stats",
         )
-    peak = cpu_allocator_peak(lambda: _run_steps(build_model, make_batch, loss_fn, spec, batch_size, dev, steps, seed))
+    peak = cpu_allocator_peak(
+        lambda: _run_steps(build_model, make_batch, loss_fn, spec, batch_size, dev, steps, seed)
+    )
     return Truth(
         device="cpu",
         peak_allocated_bytes=peak,
@@ -90,7 +100,10 @@ def cpu_allocator_peak(fn: Callable[[], Any]) -> int:
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
-        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation" and node.extra_fields.device.type == "cpu":
+        if (
+            type(node.extra_fields).__name__ == "_ExtraFields_Allocation"
+            and node.extra_fields.device.type == "cpu"
+        ):
             allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
         stack.extend(node.children)
     allocations.sort(key=lambda a: a[0])
@@ -101,7 +114,9 @@ def cpu_allocator_peak(fn: Callable[[], Any]) -> int:
     return peak
 
 
-def _run_steps(build_model, make_batch, loss_fn, spec: StepSpec, batch_size, device, steps: int, seed: int) -> None:
+def _run_steps(
+    build_model, make_batch, loss_fn, spec: StepSpec, batch_size, device, steps: int, seed: int
+) -> None:
     torch.manual_seed(seed)
     model = build_model()
     convert_tensors(model, device, LOW_PRECISION.get(spec.precision))

@@ -211,9 +211,11 @@ def _with_true_sizes(out: Any, numels: tuple[int, ...]) -> Any:
     if not isinstance(out, tuple) or len(leaves) != len(out) or len(numels) != len(out):
         return out
     fixed = []
-    for tensor, numel in zip(out, numels):
+    for tensor, numel in zip(out, numels, strict=True):
         if tensor.numel() == 0 and numel > 0:
-            tensor = torch.empty(numel, dtype=tensor.dtype, device=tensor.device)  # (N,), fake under the fake mode
+            tensor = torch.empty(
+                numel, dtype=tensor.dtype, device=tensor.device
+            )  # (N,), fake under the fake mode
         fixed.append(tensor)
     return tuple(fixed)
 

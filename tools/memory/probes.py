@@ -63,7 +63,9 @@ class ProbeResult:
 class KernelProbe:
     """Runs probed kernels for real, once per signature; see the module docstring."""
 
-    def __init__(self, device: str | torch.device, *, scratch: bool, max_bytes: int = 1 << 30, budget_s: float = 20.0):
+    def __init__(
+        self, device: str | torch.device, *, scratch: bool, max_bytes: int = 1 << 30, budget_s: float = 20.0
+    ):
         self.device = torch.device(device)
         self.scratch = scratch
         self.max_bytes = max_bytes
@@ -115,7 +117,9 @@ class KernelProbe:
             else:
                 out, peak = _cpu_peak(lambda: func(*real_args, **real_kwargs))
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            out_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}.values())
+            out_bytes = sum(
+                {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}.values()
+            )
             return ProbeResult(
                 output_nbytes=tuple(t.untyped_storage().nbytes() for t in outs),
                 output_numels=tuple(t.numel() for t in outs),

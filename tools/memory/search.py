@@ -71,14 +71,21 @@ def max_batch_size(
         fitted = fits(probe)
         # the line is usually right to within a sample or two: check the neighbour on the far side at once
         neighbour = probe + 1 if fitted else probe - 1
-        if traces_left() and neighbour >= 1 and neighbour not in known and (hi is None or lo < neighbour < hi):
+        if (
+            traces_left()
+            and neighbour >= 1
+            and neighbour not in known
+            and (hi is None or lo < neighbour < hi)
+        ):
             fits(neighbour)
         lo, hi = _bracket(known)
         # regula falsi can creep from one side: when a step did not halve the bracket, bisect next
         interpolate = width is None or hi is None or (hi - lo) * 2 <= width
     if lo == 0:
-        return _result(0, "batch size 1 does not fit", known) if 1 in known else _result(
-            None, f"no traced batch size fits (smallest traced: {min(known)})", known
+        return (
+            _result(0, "batch size 1 does not fit", known)
+            if 1 in known
+            else _result(None, f"no traced batch size fits (smallest traced: {min(known)})", known)
         )
     exact = hi is not None and hi - lo == 1
     how = (

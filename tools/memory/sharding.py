@@ -43,9 +43,13 @@ class ShardPlan:
     sharding: str
     world_size: int
     scale: dict[str, int] = field(default_factory=dict)  # storage kind -> divide its bytes by this
-    persistent: list[tuple[str, int, str]] = field(default_factory=list)  # (kind, bytes, label), alive all step
+    persistent: list[tuple[str, int, str]] = field(
+        default_factory=list
+    )  # (kind, bytes, label), alive all step
     forward_transient: list[tuple[str, int, str]] = field(default_factory=list)  # alive during forward phases
-    backward_transient: list[tuple[str, int, str]] = field(default_factory=list)  # alive during backward phases
+    backward_transient: list[tuple[str, int, str]] = field(
+        default_factory=list
+    )  # alive during backward phases
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -53,7 +57,9 @@ class ShardPlan:
         return bool(self.scale or self.persistent or self.forward_transient or self.backward_transient)
 
 
-def shard_plan(sharding: str, world_size: int, *, trainable_param_bytes: int, units: dict[str, int], training: bool) -> ShardPlan:
+def shard_plan(
+    sharding: str, world_size: int, *, trainable_param_bytes: int, units: dict[str, int], training: bool
+) -> ShardPlan:
     """The plan for one strategy; `units` maps FSDP unit names to their parameter bytes."""
     plan = ShardPlan(sharding, world_size)
     if sharding == "none" or world_size < 1:
@@ -81,14 +87,20 @@ def shard_plan(sharding: str, world_size: int, *, trainable_param_bytes: int, un
     if sharding in ("zero2", "fsdp") and training:
         plan.scale["gradient"] = w
         if largest:
-            plan.backward_transient.append(("gradient", largest, "full gradients of the unit being reduce-scattered"))
+            plan.backward_transient.append(
+                ("gradient", largest, "full gradients of the unit being reduce-scattered")
+            )
     if sharding == "fsdp":
         plan.scale["parameter"] = w
         gathered = root + largest + second
         if gathered:
-            plan.forward_transient.append(("parameter", gathered, "gathered parameters (root unit + running + prefetched unit)"))
+            plan.forward_transient.append(
+                ("parameter", gathered, "gathered parameters (root unit + running + prefetched unit)")
+            )
             if training:
-                plan.backward_transient.append(("parameter", gathered, "gathered parameters (root unit + running + prefetched unit)"))
+                plan.backward_transient.append(
+                    ("parameter", gathered, "gathered parameters (root unit + running + prefetched unit)")
+                )
         plan.assumptions.append(
             f"fsdp: parameters, gradients and optimizer state / {w}; during forward and backward the root unit "
             f"({root} B) and the two largest of {len(blocks)} units ({largest} B + {second} B) are gathered"
@@ -124,7 +136,14 @@ def apply_plan(events: list, plan: ShardPlan) -> list:
             rec = copies.get(value)
             if rec is None:
                 divisor = plan.scale.get(value.kind, 1)
-                rec = StorageRecord(value.rid, math.ceil(value.nbytes / divisor), value.kind, value.phase, value.module, value.saved_by)
+                rec = StorageRecord(
+                    value.rid,
+                    math.ceil(value.nbytes / divisor),
+                    value.kind,
+                    value.phase,
+                    value.module,
+                    value.saved_by,
+                )
                 copies[value] = rec
             out.append((tag, rec))
             continue
@@ -133,7 +152,13 @@ def apply_plan(events: list, plan: ShardPlan) -> list:
                 out.append((FREE, rec))
             open_transients = []
             out.append((tag, value))
-            wanted = plan.forward_transient if value == "forward" else plan.backward_transient if value == "backward" else []
+            wanted = (
+                plan.forward_transient
+                if value == "forward"
+                else plan.backward_transient
+                if value == "backward"
+                else []
+            )
             for kind, size, label in wanted:
                 rec = synthetic(kind, size, label)
                 open_transients.append(rec)

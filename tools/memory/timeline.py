@@ -55,9 +55,7 @@ class Replay:
     oom: bool = False  # the allocator model ran out of `capacity_bytes`
 
 
-def replay_events(
-    events: list, *, cuda: bool, capacity_bytes: int | None = None
-) -> Replay:
+def replay_events(events: list, *, cuda: bool, capacity_bytes: int | None = None) -> Replay:
     """Walk the events once; see the module docstring."""
     sim = CachingAllocatorModel(capacity_bytes) if cuda else None
     counted: dict[StorageRecord, int] = {}

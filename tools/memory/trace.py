@@ -136,7 +136,9 @@ def trace_step(
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         trainable_param_bytes=sum(p.numel() * p.element_size() for p in trainable),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-        input_bytes=sum(t.numel() * t.element_size() for t in tree_leaves(batch) if isinstance(t, torch.Tensor)),
+        input_bytes=sum(
+            t.numel() * t.element_size() for t in tree_leaves(batch) if isinstance(t, torch.Tensor)
+        ),
         op_count=sum(1 for tag, _ in events if tag == "op"),
         module_types={name: type(m).__name__ for name, m in model.named_modules()},
         fsdp_units=fsdp_units(model, spec.checkpoint_classes),

@@ -23,12 +23,25 @@ import torch
 
 from tools.memory.estimate import Estimate, Target, estimate_trace, extrapolate
 from tools.memory.findings import Facts, memory_findings, memory_summary
-from tools.memory.models import ActivationSaver, EstimateMemoryRequest, EstimateMemoryResult, MemoryBreakdown, TracedBatch
+from tools.memory.models import (
+    ActivationSaver,
+    EstimateMemoryRequest,
+    EstimateMemoryResult,
+    MemoryBreakdown,
+    TracedBatch,
+)
 from tools.memory.overheads import local_gpu_is_hopper
 from tools.memory.search import BatchSearch, max_batch_size
 from tools.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
 from tools.runner.errors import UserCodeError
-from tools.runner.usercode import build_model, compute_loss, load_callable, make_batch, resolve_device, user_code
+from tools.runner.usercode import (
+    build_model,
+    compute_loss,
+    load_callable,
+    make_batch,
+    resolve_device,
+    user_code,
+)
 
 TOP_SAVERS = 10
 FALLBACK_BATCHES = (1, 2)
@@ -56,7 +69,9 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
         training=request.mode == "train",
     )
     tracer = _Tracer(request, job, spec, device, probe_scratch=(device.type == "cuda") == target_cuda)
-    batch = request.batch_size or (request.input_shape[0] if request.inputs is None and request.input_shape else None)
+    batch = request.batch_size or (
+        request.input_shape[0] if request.inputs is None and request.input_shape else None
+    )
     variable_batch = tracer.batch_is_variable()
 
     job.progress(0, 4, "tracing one step on fake tensors")
@@ -77,30 +92,45 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
 
     single = None
     if request.world_size > 1 and request.sharding != "none":
-        single = estimate_trace(trace, replace(target, sharding="none", world_size=1)) if method == "traced" else None
+        single = (
+            estimate_trace(trace, replace(target, sharding="none", world_size=1))
+            if method == "traced"
+            else None
+        )
 
     grad_accum_extra = 0
     if request.mode == "train" and request.gradient_accumulation > 1 and method == "traced":
-        one = estimate_trace(_Tracer(request, job, replace(spec, micro_batches=1), device, tracer.probe_scratch).trace(est.batch_size), target)
+        one = estimate_trace(
+            _Tracer(request, job, replace(spec, micro_batches=1), device, tracer.probe_scratch).trace(
+                est.batch_size
+            ),
+            target,
+        )
         grad_accum_extra = est.peak_allocated - one.peak_allocated
 
     search = BatchSearch(None, "give device_memory_gib to search for the largest batch size")
     if capacity is not None:
         if not variable_batch:
-            search = BatchSearch(None, "the inputs function takes no batch_size argument, so the batch cannot be varied")
+            search = BatchSearch(
+                None, "the inputs function takes no batch_size argument, so the batch cannot be varied"
+            )
         else:
             job.progress(2, 4, "searching the largest batch size that fits")
             search = max_batch_size(runner, est, capacity_bytes=capacity)
 
     job.progress(3, 4, "writing the result")
-    return _result(request, trace, est, single, method, detail, failure, device, capacity, search, grad_accum_extra)
+    return _result(
+        request, trace, est, single, method, detail, failure, device, capacity, search, grad_accum_extra
+    )
 
 
 # -- tracing the user's code ------------------------------------------------------------------
 class _Tracer:
     """Calls trace_step on the user's factory, inputs and loss, turning failures into UserCodeError."""
 
-    def __init__(self, request: EstimateMemoryRequest, job, spec: StepSpec, device: torch.device, probe_scratch: bool):
+    def __init__(
+        self, request: EstimateMemoryRequest, job, spec: StepSpec, device: torch.device, probe_scratch: bool
+    ):
         self.request, self.job, self.spec, self.device = request, job, spec, device
         self.probe_scratch = probe_scratch
 
@@ -123,7 +153,9 @@ class _Tracer:
             return False
         return "batch_size" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    def trace(self, batch_size: int | None, *, fake: bool = True, device: torch.device | None = None) -> Trace:
+    def trace(
+        self, batch_size: int | None, *, fake: bool = True, device: torch.device | None = None
+    ) -> Trace:
         with user_code("the traced step (forward, loss, backward, optimizer step)"):
             try:
                 return trace_step(
@@ -197,10 +229,26 @@ def _memory_room_bytes() -> int | None:
 
 
 # -- the result -------------------------------------------------------------------------------
-def _result(request, trace: Trace, est: Estimate, single, method, detail, failure, device, capacity, search, grad_extra):
+def _result(
+    request,
+    trace: Trace,
+    est: Estimate,
+    single,
+    method,
+    detail,
+    failure,
+    device,
+    capacity,
+    search,
+    grad_extra,
+):
     breakdown = MemoryBreakdown(**est.breakdown)
     savers = sorted(est.saved_by_module.items(), key=lambda kv: -kv[1])[:TOP_SAVERS]
-    top = [ActivationSaver(module=m, type=trace.module_types.get(m, ""), saved_bytes=b) for m, b in savers if b > 0]
+    top = [
+        ActivationSaver(module=m, type=trace.module_types.get(m, ""), saved_bytes=b)
+        for m, b in savers
+        if b > 0
+    ]
     assumptions = _assumptions(request, trace, est, device)
     top_saver = (top[0].module, top[0].type) if top else None
     facts = Facts(
@@ -239,7 +287,9 @@ def _result(request, trace: Trace, est: Estimate, single, method, detail, failur
         peak_device_bytes=est.device_bytes,
         peak_tensor_bytes=est.peak_tensor_bytes,
         breakdown=breakdown,
-        peak_phase=est.phase if est.phase in ("forward", "backward", "optimizer_step", "setup", "end") else "setup",
+        peak_phase=est.phase
+        if est.phase in ("forward", "backward", "optimizer_step", "setup", "end")
+        else "setup",
         peak_module=est.module,
         peak_op=est.op,
         phase_peaks=est.phase_peaks,
@@ -263,7 +313,9 @@ def _result(request, trace: Trace, est: Estimate, single, method, detail, failur
     )
 
 
-def _assumptions(request: EstimateMemoryRequest, trace: Trace, est: Estimate, device: torch.device) -> list[str]:
+def _assumptions(
+    request: EstimateMemoryRequest, trace: Trace, est: Estimate, device: torch.device
+) -> list[str]:
     out = [
         "steady-state step: optimizer state already exists (created by an untraced warm-up step); "
         "output and loss stay alive until the step ends; zero_grad(set_to_none=True) after the step",
@@ -277,17 +329,25 @@ def _assumptions(request: EstimateMemoryRequest, trace: Trace, est: Estimate, de
             "optimizer uses the foreach implementation (CUDA's default when fused=False)",
         ]
         if est.workspace_bytes:
-            out.append(f"cuBLAS workspaces: {est.workspace_bytes} B (8.125 MiB per thread, 32 MiB on Hopper; forward and backward threads)")
+            out.append(
+                f"cuBLAS workspaces: {est.workspace_bytes} B (8.125 MiB per thread, 32 MiB on Hopper; forward and backward threads)"
+            )
     else:
-        out.append("CPU: exact storage bytes (the CPU allocator does not round or cache); for-loop optimizer (the CPU default)")
+        out.append(
+            "CPU: exact storage bytes (the CPU allocator does not round or cache); for-loop optimizer (the CPU default)"
+        )
     if request.precision in ("bf16", "fp16"):
-        out.append(f"model cast to {request.precision}: parameters, gradients and optimizer state in {request.precision}")
+        out.append(
+            f"model cast to {request.precision}: parameters, gradients and optimizer state in {request.precision}"
+        )
     if request.precision == "fp16_autocast":
         out.append("GradScaler's few scalars are not counted; unscale_ works in place")
     if request.gradient_accumulation > 2:
         out.append("two micro-batches traced: later ones repeat the second's memory")
     if trace.kernels_probed:
-        out.append(f"{trace.kernels_probed} convolution/RNN kernel signatures were run once for real to measure scratch and workspace")
+        out.append(
+            f"{trace.kernels_probed} convolution/RNN kernel signatures were run once for real to measure scratch and workspace"
+        )
     out += est.assumptions
     return out
 
@@ -320,7 +380,9 @@ def prewarm() -> None:
     if os.environ.get("TORCH_SKILLS_NO_PREWARM"):
         return
     spec = StepSpec(optimizer="adamw", foreach=True)
-    trace_step(lambda: torch.nn.Linear(4, 4), lambda b: torch.zeros(2, 4), lambda out, b: out.float().mean(), spec)
+    trace_step(
+        lambda: torch.nn.Linear(4, 4), lambda b: torch.zeros(2, 4), lambda out, b: out.float().mean(), spec
+    )
 
 
 prewarm()
