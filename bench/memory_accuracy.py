@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from tests.fixtures import memory_models as zoo  # noqa: E402
 from tools.memory.estimate import Target, estimate_trace  # noqa: E402
 from tools.memory.groundtruth import measure_real_step  # noqa: E402
+from tools.memory.overheads import local_gpu_is_hopper  # noqa: E402
 from tools.memory.trace import StepSpec, fake_mode, trace_step  # noqa: E402
 from tools.runner.usercode import default_loss  # noqa: E402
 
@@ -66,7 +67,9 @@ def run_case(name: str, mode: str, precision: str, device: str) -> dict:
     spec = StepSpec(mode=mode, optimizer="adam", precision=precision, foreach=True if cuda else None)
     started = time.perf_counter()
     trace = trace_step(build, inputs, loss, spec, device=device, batch_size=batch)
-    est = estimate_trace(trace, Target(cuda=cuda, training=mode == "train"))
+    est = estimate_trace(
+        trace, Target(cuda=cuda, training=mode == "train", hopper=bool(local_gpu_is_hopper()))
+    )
     estimate_s = time.perf_counter() - started
     started = time.perf_counter()
     truth = measure_real_step(build, inputs, loss, spec, batch_size=batch, device=device)

@@ -68,7 +68,13 @@ def memory_findings(f: Facts) -> list[Finding]:
                 message=(
                     f"The step needs {format_bytes(f.device_bytes)} per device but {format_bytes(f.capacity or 0)} is "
                     f"available ({format_bytes(missing)} short)"
-                    + (f"; the largest batch that fits is {f.max_batch_size}." if f.max_batch_size else ".")
+                    + (
+                        f"; the largest batch that fits is {f.max_batch_size}."
+                        if f.max_batch_size
+                        else "; not even batch size 1 fits."
+                        if f.max_batch_size == 0
+                        else "."
+                    )
                     + " Cut the largest category of the breakdown first (see the other findings)."
                 ),
                 skill="tensor-operations-and-memory",
@@ -211,7 +217,12 @@ def memory_summary(f: Facts) -> str:
     if f.fits is not None:
         verdict = "fits in" if f.fits else "does NOT fit in"
         text += f" It {verdict} {format_bytes(f.capacity or 0)}"
-        text += f"; max batch size {f.max_batch_size}." if f.max_batch_size is not None else "."
+        if f.max_batch_size == 0:
+            text += "; not even batch size 1 fits."
+        elif f.max_batch_size is not None:
+            text += f"; max batch size {f.max_batch_size}."
+        else:
+            text += "."
     largest = max(f.breakdown.model_dump().items(), key=lambda kv: kv[1])
     text += f" Largest share: {largest[0]} ({format_bytes(largest[1])})."
     return text
