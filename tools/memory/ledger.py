@@ -19,8 +19,10 @@ backward becomes an activation), so the whole timeline is classified with final 
 replayed (`tools.memory.timeline`).
 
 Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
-an aten op and is not seen; memory a kernel allocates for itself inside one op (cuDNN/oneDNN
-workspaces, scratch buffers) is invisible; sparse and wrapper-subclass tensors are skipped.
+an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
+except for the kernels a `KernelProbe` measures (convolutions and RNNs, `tools.memory.probes`),
+whose scratch is recorded as a temporary alive during the op; sparse and wrapper-subclass
+tensors are skipped.
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ class StorageRecord:
     phase: str
     module: str
     saved_by: str | None = None  # module (fqn) that packed it for backward, when it is an activation
-    block_bytes: int = 0  # bytes the CUDA caching allocator hands out for it (set by the simulator)
 
     def promote(self, kind: str) -> None:
         if KIND_RANK[kind] < KIND_RANK[self.kind]:
@@ -129,9 +130,6 @@ class StorageLedger(TorchDispatchMode):
             return None
         entry = self._live.get(id(storage))
         return entry[1] if entry is not None and entry[0]() is storage else None
-
-    def live_records(self) -> list[StorageRecord]:
-        return [rec for ref, rec in self._live.values() if ref() is not None]
 
     # -- TorchDispatchMode --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -78,7 +78,6 @@ def replay_events(events: list, *, cuda: bool, capacity_bytes: int | None = None
     for tag, value in events:
         if tag == ALLOC:
             size = sim.malloc(value, value.nbytes) if sim is not None else value.nbytes
-            value.block_bytes = size
             counted[value] = size
             totals[KIND_TO_CATEGORY[value.kind]] += size
             total += size

@@ -19,12 +19,13 @@ The step that is measured is the steady state of a training loop:
 
 A warm-up step that is not measured creates the optimizer state first (Adam's moments exist
 from the first step on, so the second step is the one that peaks). `output` and `loss` stay
-referenced until the step ends, as they do in a loop that names them.
+referenced until the step ends and die with it, as in a `train_step()` function that names them.
 
 Known limitations: the step runs on the device that traces it: on a machine without a GPU that is
 the CPU, so CUDA-only kernel choices (autocast op lists, SDPA back-ends, cuDNN's saved tensors)
 follow the CPU's. The optimizer's CUDA default (foreach) is reproduced by `StepSpec.foreach`.
-GradScaler (fp16) memory is a few scalars and is not traced.
+GradScaler (fp16) memory is a few scalars and is not traced. A factory that loads real weights
+(`torch.load`, `from_pretrained`) reads them for real even under the fake mode.
 """
 
 from __future__ import annotations
