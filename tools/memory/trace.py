@@ -25,7 +25,7 @@ Known limitations: the step runs on the device that traces it: on a machine with
 the CPU, so CUDA-only kernel choices (autocast op lists, SDPA back-ends, cuDNN's saved tensors)
 follow the CPU's. The optimizer's CUDA default (foreach) is reproduced by `StepSpec.foreach`.
 GradScaler (fp16) memory is a few scalars and is not traced. A factory that loads real weights
-(`torch.load`, `from_pretrained`) reads them for real even under the fake mode.
+(`torch.load`, `from_pretrained`) may read them into memory even under the fake mode.
 """
 
 from __future__ import annotations
