@@ -183,3 +183,26 @@ def test_fake_mode_builds_parameters_with_nn_init():
         layer = torch.nn.Conv2d(3, 8, 3)
         torch.nn.init.kaiming_normal_(layer.weight)
     assert type(layer.weight).__name__ == "FakeTensor" and layer.weight.shape == (8, 3, 3, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["gpt_sdpa:train:bf16_autocast", "resnet:train:fp32", "lstm:inference:fp32"])
+def test_on_a_gpu_the_estimate_matches_max_memory_allocated(case):
+    """On CUDA, in a fresh process: estimate within 5% of max_memory_allocated, reserved within 10% of max_memory_reserved."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "bench/memory_accuracy.py", "--one", case, "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=repo,
+    )
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["estimate"] == pytest.approx(row["truth"], rel=0.05)
+    assert row["estimate_reserved"] == pytest.approx(row["truth_reserved"], rel=0.10)
