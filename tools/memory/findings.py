@@ -183,10 +183,11 @@ def memory_findings(f: Facts) -> list[Finding]:
                 code="traced_without_gpu",
                 message=(
                     "No GPU here, so the step was traced with the CPU's kernels: CUDA-only choices (autocast's op "
-                    "lists, SDPA back-ends, cuDNN workspaces) can move the figures by a few percent; allocator "
-                    "rounding, cuBLAS workspaces and the foreach optimizer are modelled for CUDA."
+                    "lists, SDPA back-ends, cuDNN workspaces) are not reproduced, while the CUDA allocator's "
+                    "rounding and cache, cuBLAS workspaces and the foreach optimizer are modelled. Where a GPU is "
+                    "present the tool traces with CUDA's kernels."
                 ),
-                skill="performance-profiling",
+                skill="tensor-operations-and-memory",
             )
         )
     if f.kernels_not_probed:
