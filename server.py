@@ -37,6 +37,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from tools.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
 from tools.gradients.models import GradientRequest, GradientResult
+from tools.memory.models import EstimateMemoryRequest, EstimateMemoryResult, OptimizerName, Sharding, TargetDevice
+from tools.profiling.models import BatchInput, Optimizer, ProfileRequest, ProfileResult
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool, default_memory_limit_bytes
@@ -50,7 +52,7 @@ from tools.skillpack.loader import (
 )
 from tools.skillpack.route import Router, RouteResult
 from tools.skillpack.router import RouterFormatError, parse_router
-from tools.userspec import CodeRef, CodeRefError, Device, DType
+from tools.userspec import CodeRef, CodeRefError, Device, DType, Mode, Precision
 
 log = logging.getLogger("torch-skills")
 
@@ -69,7 +71,13 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 `get_skill`."""
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
-WORKER_PRELOAD = ("tools.runner.usercode", "tools.gradients.worker", "tools.checkpoint.worker")
+WORKER_PRELOAD = (
+    "tools.runner.usercode",
+    "tools.gradients.worker",
+    "tools.checkpoint.worker",
+    "tools.memory.worker",
+    "tools.profiling.worker",
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -617,6 +625,186 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         with anticipated_errors():
             return VerifyCheckpointResult.model_validate(result)
 
+    # -- estimate_memory --------------------------------------------------------------------------
+    @mcp.tool(annotations=RUNS_USER_CODE)
+    async def estimate_memory(
+        ctx: Context,
+        model: ModelArg,
+        model_kwargs: ModelKwargsArg = None,
+        inputs: InputsArg = None,
+        input_shape: InputShapeArg = None,
+        input_dtype: InputDtypeArg = "float32",
+        loss: LossArg = None,
+        mode: Annotated[
+            Mode, Field(description="train: forward + backward + optimizer step; inference: forward only")
+        ] = "train",
+        optimizer: Annotated[
+            OptimizerName, Field(description="optimizer whose state is counted (train)")
+        ] = "adamw",
+        precision: Annotated[
+            Precision,
+            Field(
+                description="fp32, bf16/fp16 (model cast), bf16_autocast/fp16_autocast (fp32 weights, autocast forward)"
+            ),
+        ] = "fp32",
+        activation_checkpointing: Annotated[
+            list[str] | None,
+            Field(description="module class names to recompute in backward, e.g. ['Block']; omit for off"),
+        ] = None,
+        batch_size: Annotated[
+            int | None, Field(ge=1, description="batch size to estimate (default: the batch given)")
+        ] = None,
+        gradient_accumulation: Annotated[
+            int, Field(ge=1, description="micro-batches per optimizer step")
+        ] = 1,
+        world_size: Annotated[int, Field(ge=1, description="data-parallel ranks; figures are per rank")] = 1,
+        sharding: Annotated[Sharding, Field(description="none, ddp, zero1, zero2 or fsdp")] = "none",
+        device_memory_gib: Annotated[
+            float | None,
+            Field(
+                gt=0,
+                description="memory of one device in GiB: answers 'does it fit' and finds the max batch size",
+            ),
+        ] = None,
+        target_device: Annotated[
+            TargetDevice,
+            Field(
+                description="cuda (default): CUDA allocator rounding, cache and context; cpu: exact tensor bytes"
+            ),
+        ] = "cuda",
+        device: DeviceArg = "auto",
+        timeout_s: TimeoutArg = 600,
+        memory_limit_gib: MemoryArg = None,
+    ) -> EstimateMemoryResult:
+        """Estimate peak GPU (or CPU) memory of one training or inference step, without a GPU and without
+        allocating the model: the factory and one step run on fake tensors, so a 7B model is estimated on a
+        laptop. Returns peak allocated and reserved bytes, a breakdown (parameters, gradients, optimizer
+        state, activations, temporaries) at the peak, the phase and module where it happens, the modules
+        saving the most activations, per-rank figures under DDP/ZeRO/FSDP, whether it fits
+        device_memory_gib and the largest batch size that does, with findings naming the skill to read.
+        Use it before an OOM ("will it fit?") or after one ("what takes the memory?")."""
+        with anticipated_errors():
+            request = EstimateMemoryRequest(
+                model=model,
+                model_kwargs=model_kwargs or {},
+                inputs=inputs,
+                input_shape=input_shape,
+                input_dtype=input_dtype,
+                loss=loss,
+                device=device,
+                mode=mode,
+                optimizer=optimizer,
+                precision=precision,
+                activation_checkpointing=activation_checkpointing or "off",
+                batch_size=batch_size,
+                gradient_accumulation=gradient_accumulation,
+                world_size=world_size,
+                sharding=sharding,
+                device_memory_gib=device_memory_gib,
+                target_device=target_device,
+            )
+        paths = [ref.path for ref in request.code_refs() if ref.path is not None]
+        result = await run_in_worker(
+            ctx,
+            "tools.memory.worker:run",
+            request,
+            timeout_s=timeout_s,
+            memory_limit_gib=memory_limit_gib,
+            device=device,
+            check_paths=paths,
+        )
+        return EstimateMemoryResult.model_validate(result)
+
+    # -- profile_model --
+    @mcp.tool(annotations=RUNS_USER_CODE)
+    async def profile_model(
+        model: ModelArg,
+        ctx: Context,
+        model_kwargs: ModelKwargsArg = None,
+        inputs: InputsArg = None,
+        input_shape: InputShapeArg = None,
+        input_dtype: InputDtypeArg = "float32",
+        loss: LossArg = None,
+        data: Annotated[
+            str | None,
+            Field(
+                description="'file.py:make_loader' returning an iterable of batches (e.g. a DataLoader), "
+                "instead of inputs/input_shape; the time spent in next(loader) is measured"
+            ),
+        ] = None,
+        batch_input: Annotated[
+            BatchInput,
+            Field(description="'first' feeds only batch[0] to the model, for (inputs, targets) pairs"),
+        ] = "whole",
+        mode: Annotated[
+            Mode, Field(description="'train': forward, loss, backward, optimizer step; 'inference': forward")
+        ] = "train",
+        optimizer: Annotated[Optimizer, Field(description="optimizer for train mode")] = "adamw",
+        precision: Annotated[
+            Precision,
+            Field(description="fp32, bf16/fp16 (model cast), bf16_autocast/fp16_autocast (torch.autocast)"),
+        ] = "fp32",
+        warmup_steps: Annotated[int, Field(ge=1, le=100, description="steps before timing starts")] = 3,
+        active_steps: Annotated[int, Field(ge=3, le=200, description="steps timed, then profiled")] = 10,
+        compile: Annotated[
+            bool, Field(description="also time torch.compile(model): compile time and speed-up over eager")
+        ] = False,
+        trace_path: Annotated[
+            str | None,
+            Field(description="write a Chrome/Perfetto trace (.json) of the profiled steps here"),
+        ] = None,
+        top_k: Annotated[int, Field(ge=1, le=100, description="operators listed in top_ops")] = 15,
+        cpu_threads: Annotated[
+            int | None,
+            Field(
+                ge=1,
+                le=1024,
+                description="torch.set_num_threads for the run; 1 steadies timings on a busy machine",
+            ),
+        ] = None,
+        device: DeviceArg = "auto",
+        timeout_s: TimeoutArg = 300,
+        memory_limit_gib: MemoryArg = None,
+    ) -> ProfileResult:
+        """Measure a real training or inference step of the user's model and say what bounds it.
+
+        Times the step without the profiler (median, IQR), then profiles it: top operators, time per
+        phase and top-level module, FLOPs and MFU, bytes moved, peak memory, loader wait, host syncs
+        (.item() and the like, named with module and line). Returns the bottleneck (data_loading,
+        cpu_overhead, compute, memory_bandwidth or unknown) with its evidence, and findings naming
+        the skill that fixes it. Use it before optimizing a slow training loop.
+        """
+        with anticipated_errors():
+            request = ProfileRequest(
+                model=model,
+                model_kwargs=model_kwargs or {},
+                inputs=inputs,
+                input_shape=input_shape,
+                input_dtype=input_dtype,
+                loss=loss,
+                device=device,
+                data=data,
+                batch_input=batch_input,
+                mode=mode,
+                optimizer=optimizer,
+                precision=precision,
+                warmup_steps=warmup_steps,
+                active_steps=active_steps,
+                compile=compile,
+                trace_path=trace_path,
+                top_k=top_k,
+                cpu_threads=cpu_threads,
+            )
+        result = await run_in_worker(
+            ctx,
+            "tools.profiling.worker:run",
+            request,
+            timeout_s=timeout_s,
+            memory_limit_gib=memory_limit_gib,
+            device=device,
+            check_paths=request.named_paths(),
+        )
+        return ProfileResult.model_validate(result)
 
 # ------------------------------------------------------------------------------------------------
 # Command line

@@ -1,0 +1,227 @@
+"""A log of every tensor storage that lives and dies while a step runs, fake or real.
+
+Use it as a context manager around the code to measure:
+
+    ledger = StorageLedger(scope)                   # scope: a ModuleScope, or None
+    ledger.adopt(param, "parameter")                # storages that exist before the step
+    with ledger:
+        ledger.phase("forward")
+        loss = model(x).mean()                      # every op output is recorded
+        ...
+    ledger.events                                   # [(ALLOC, rec) | (FREE, rec) | (OP, Sample) | (PHASE, name)]
+
+It is a TorchDispatchMode: after each aten op it records the *storages* of the outputs it has
+not seen before (views share a storage, so each storage counts once, by its `nbytes()`), and a
+weakref finalizer on each storage's Python object records the moment it dies. It never keeps a
+storage alive. Each storage gets a `StorageRecord` whose `kind` can be upgraded after the fact
+(a temporary that `AccumulateGrad` keeps as `.grad` becomes a gradient, a tensor packed for
+backward becomes an activation), so the whole timeline is classified with final kinds when it is
+replayed (`tools.memory.timeline`).
+
+Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
+an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
+except for the kernels a `KernelProbe` measures (convolutions and RNNs, `tools.memory.probes`),
+whose scratch is recorded as a temporary alive during the op; sparse and wrapper-subclass
+tensors are skipped.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+# Event tags in StorageLedger.events.
+ALLOC, FREE, OP, PHASE = "alloc", "free", "op", "phase"
+
+# Classification, strongest first: a storage's kind only ever moves to a stronger one.
+KIND_RANK = {
+    "parameter": 0,
+    "buffer": 1,
+    "input": 2,
+    "gradient": 3,
+    "optimizer_state": 4,
+    "activation": 5,
+    "temporary": 6,
+}
+
+
+@dataclass(eq=False)
+class StorageRecord:
+    """One storage: its size, what it is, where it was created and which module saved it."""
+
+    rid: int
+    nbytes: int
+    kind: str
+    phase: str
+    module: str
+    saved_by: str | None = None  # module (fqn) that packed it for backward, when it is an activation
+
+    def promote(self, kind: str) -> None:
+        if KIND_RANK[kind] < KIND_RANK[self.kind]:
+            self.kind = kind
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The point right after one op: where it ran (phase, innermost module) and what it was."""
+
+    index: int
+    op: str
+    phase: str
+    module: str
+
+
+class StorageLedger(TorchDispatchMode):
+    """Records storage births and deaths around every aten op; see the module docstring."""
+
+    def __init__(self, scope: Any = None, probe: Any = None):
+        super().__init__()
+        self.scope = scope  # a ModuleScope (tools.memory.modules) or None
+        self.probe = probe  # a KernelProbe (tools.memory.probes) or None
+        self.events: list[tuple[str, Any]] = []
+        self.current_phase = "setup"
+        self._live: dict[int, tuple[weakref.ref, StorageRecord]] = {}
+        self._next_rid = 0
+        self._ops = 0
+        self.recording = False  # frees after the step ends are not part of it
+
+    def __enter__(self):
+        self.recording = True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.recording = False
+
+    # -- what the driver calls ----------------------------------------------------------------
+    def phase(self, name: str) -> None:
+        """Start a phase ('forward', 'backward', 'optimizer_step'); samples carry its name."""
+        self.current_phase = name
+        self.events.append((PHASE, name))
+
+    def adopt(self, tensor: torch.Tensor, kind: str) -> StorageRecord | None:
+        """Record a storage that already exists (parameters, inputs, optimizer state) with a kind."""
+        rec = self._track(tensor)
+        if rec is not None:
+            rec.promote(kind)
+        return rec
+
+    def classify(self, tensor: torch.Tensor, kind: str, saved_by: str | None = None) -> None:
+        """Upgrade the kind of a tracked storage (e.g. a temporary that became `.grad`)."""
+        rec = self.record_of(tensor)
+        if rec is None:
+            rec = self._track(tensor)
+        if rec is None:
+            return
+        rec.promote(kind)
+        if saved_by is not None and rec.saved_by is None and rec.kind == "activation":
+            rec.saved_by = saved_by
+
+    def record_of(self, tensor: torch.Tensor) -> StorageRecord | None:
+        storage = _storage_of(tensor)
+        if storage is None:
+            return None
+        entry = self._live.get(id(storage))
+        return entry[1] if entry is not None and entry[0]() is storage else None
+
+    # -- TorchDispatchMode --------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        found = None
+        if self.probe is not None and self.probe.wants(func) and _is_fake(out):
+            found = self.probe.measure(func, args, kwargs)
+            if found is not None:
+                out = _with_true_sizes(out, found.output_numels)
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf)
+        name = str(func.overloadpacket.__name__)
+        if found is not None and found.scratch_bytes > 0 and self.probe.scratch:
+            scratch = self._new_record(found.scratch_bytes, "temporary")
+            self.events.append((ALLOC, scratch))
+            self._sample(f"{name} (kernel scratch)")
+            self.events.append((FREE, scratch))
+        self._sample(name)
+        return out
+
+    def _sample(self, name: str) -> None:
+        module = self.scope.current() if self.scope is not None else ""
+        self.events.append((OP, Sample(self._ops, name, self.current_phase, module)))
+        self._ops += 1
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def _track(self, tensor: torch.Tensor) -> StorageRecord | None:
+        storage = _storage_of(tensor)
+        if storage is None:
+            return None
+        key = id(storage)
+        entry = self._live.get(key)
+        if entry is not None and entry[0]() is storage:
+            rec = entry[1]
+            if storage.nbytes() != rec.nbytes:  # resized in place through an aten op (`out=`, resize_)
+                self.events.append((FREE, rec))
+                rec = self._new_record(storage.nbytes(), rec.kind)
+                self._live[key] = (entry[0], rec)
+                self._watch(storage, key, rec)
+                self.events.append((ALLOC, rec))
+            return rec
+        rec = self._new_record(storage.nbytes(), "temporary")
+        self._watch(storage, key, rec)
+        self.events.append((ALLOC, rec))
+        return rec
+
+    def _new_record(self, nbytes: int, kind: str) -> StorageRecord:
+        module = self.scope.current() if self.scope is not None else ""
+        rec = StorageRecord(self._next_rid, nbytes, kind, self.current_phase, module)
+        self._next_rid += 1
+        return rec
+
+    def _watch(self, storage: torch.UntypedStorage, key: int, rec: StorageRecord) -> None:
+        events, live = self.events, self._live
+
+        def died(ref: weakref.ref, rec: StorageRecord = rec) -> None:
+            if self.recording:
+                events.append((FREE, rec))
+            current = live.get(key)
+            if current is not None and current[1] is rec:
+                del live[key]
+
+        self._live[key] = (weakref.ref(storage, died), rec)
+
+
+def _is_fake(out: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(leaf, FakeTensor) for leaf in tree_leaves(out))
+
+
+def _with_true_sizes(out: Any, numels: tuple[int, ...]) -> Any:
+    """Replace empty fake outputs that are not empty for real (RNN workspaces) by fake ones of the true size."""
+    leaves = [leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+    if not isinstance(out, tuple) or len(leaves) != len(out) or len(numels) != len(out):
+        return out
+    fixed = []
+    for tensor, numel in zip(out, numels, strict=True):
+        if tensor.numel() == 0 and numel > 0:
+            tensor = torch.empty(
+                numel, dtype=tensor.dtype, device=tensor.device
+            )  # (N,), fake under the fake mode
+        fixed.append(tensor)
+    return tuple(fixed)
+
+
+def _storage_of(tensor: torch.Tensor) -> torch.UntypedStorage | None:
+    if tensor.layout is not torch.strided or is_traceable_wrapper_subclass(tensor):
+        return None
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no storage (e.g. a functional wrapper)
+        return None

@@ -1,0 +1,163 @@
+"""Measure, on real tensors, what a fake kernel cannot say: its scratch memory and true output sizes.
+
+Use (the ledger calls it for the ops in PROBED_OPS when their outputs are fake):
+
+    probe = KernelProbe(device="cpu", scratch=True)
+    found = probe.measure(func, args, kwargs)      # ProbeResult or None (over budget, failed)
+    found.output_nbytes, found.scratch_bytes
+
+Two kinds of kernel memory are invisible to a trace on fake tensors:
+
+- outputs whose fake (meta) implementation reports a wrong size: the RNN kernels' workspace or
+  reserve, which training saves for backward, is 0 bytes in torch's meta functions for
+  `mkldnn_rnn_layer` and `_cudnn_rnn`;
+- scratch a kernel allocates and frees inside the call: oneDNN reorders a convolution's input,
+  weight and output into blocked layouts on CPU; cuDNN asks for a workspace on CUDA.
+
+The probe runs the real kernel once per distinct signature (shapes, strides, dtypes, the other
+arguments), on zero-filled tensors of the traced shapes on the traced device, and measures its
+peak: on CPU from the CPU allocator's profiler events, on CUDA from `max_memory_allocated`.
+`scratch_bytes` is the peak inside the call above the inputs, minus the outputs it returns.
+
+Known limitations: probing costs one real run of the kernel; a signature whose tensors exceed
+`max_bytes`, or any probe after `budget_s` seconds of probing, is skipped (and counted in
+`skipped`). Scratch measured on one device says nothing about another, so the worker only probes
+scratch when the traced device is the target device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+aten = torch.ops.aten
+
+# Ops whose outputs may be under-reported by their fake implementation (size fixed from the probe).
+WORKSPACE_OPS = {
+    aten.mkldnn_rnn_layer.default,
+    aten._cudnn_rnn.default,
+}
+# Ops known to allocate scratch inside the kernel.
+SCRATCH_OPS = {
+    aten.convolution.default,
+    aten.convolution_backward.default,
+    aten.mkldnn_rnn_layer.default,
+    aten.mkldnn_rnn_layer_backward.default,
+    aten._cudnn_rnn.default,
+    aten._cudnn_rnn_backward.default,
+}
+PROBED_OPS = WORKSPACE_OPS | SCRATCH_OPS
+_READS_WORKSPACE = {aten.mkldnn_rnn_layer_backward.default, aten._cudnn_rnn_backward.default}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    output_nbytes: tuple[int, ...]  # storage bytes of each tensor output, in tree order
+    output_numels: tuple[int, ...]
+    scratch_bytes: int
+
+
+class KernelProbe:
+    """Runs probed kernels for real, once per signature; see the module docstring."""
+
+    def __init__(
+        self, device: str | torch.device, *, scratch: bool, max_bytes: int = 1 << 30, budget_s: float = 20.0
+    ):
+        self.device = torch.device(device)
+        self.scratch = scratch
+        self.max_bytes = max_bytes
+        self.budget_s = budget_s
+        self.spent_s = 0.0
+        self.skipped = 0
+        self.probed = 0
+        self._cache: dict[tuple, ProbeResult | None] = {}
+
+    def wants(self, func) -> bool:
+        return func in WORKSPACE_OPS or (self.scratch and func in SCRATCH_OPS)
+
+    def measure(self, func, args, kwargs) -> ProbeResult | None:
+        key = (func, *(_signature(a) for a in tree_leaves((args, kwargs))))
+        if key in self._cache:
+            return self._cache[key]
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        size = sum(t.untyped_storage().nbytes() for t in tensors)
+        if func in _READS_WORKSPACE and any(t.dtype == torch.uint8 and t.numel() == 0 for t in tensors):
+            # a backward kernel handed an empty workspace would read past its end: never run it
+            self._cache[key] = None
+            return None
+        if size > self.max_bytes or self.spent_s > self.budget_s:
+            self.skipped += 1
+            self._cache[key] = None
+            return None
+        start = time.perf_counter()
+        try:
+            result = self._run(func, args, kwargs)
+        except Exception:  # a kernel that will not run on zeros here: keep the fake figures
+            result = None
+        self.spent_s += time.perf_counter() - start
+        self.probed += 1
+        self._cache[key] = result
+        return result
+
+    def _run(self, func, args, kwargs) -> ProbeResult:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # grad mode as traced: RNN kernels keep their workspace only under it
+            real_args, real_kwargs = tree_map(self._zeros_like, (args, kwargs))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                base = torch.cuda.memory_allocated(self.device)
+                out = func(*real_args, **real_kwargs)
+                torch.cuda.synchronize(self.device)
+                peak = torch.cuda.max_memory_allocated(self.device) - base
+            else:
+                out, peak = _cpu_peak(lambda: func(*real_args, **real_kwargs))
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            out_bytes = sum(
+                {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}.values()
+            )
+            return ProbeResult(
+                output_nbytes=tuple(t.untyped_storage().nbytes() for t in outs),
+                output_numels=tuple(t.numel() for t in outs),
+                scratch_bytes=max(0, peak - out_bytes),
+            )
+
+    def _zeros_like(self, value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=self.device).zero_()
+
+
+def _signature(value) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), tuple(value.stride()), value.dtype, value.device.type)
+    return ("V", repr(value))
+
+
+def _cpu_peak(fn):
+    """(fn's result, peak bytes the CPU allocator held above its level at the call).
+
+    tools.memory.groundtruth sums the same profiler events for the bench's ground truth; the two
+    are kept apart on purpose, so that the truth shares no code with the estimate.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    deltas: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
+            deltas.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    deltas.sort(key=lambda d: d[0])
+    live = peak = 0
+    for _, delta in deltas:
+        live += delta
+        peak = max(peak, live)
+    return out, peak
