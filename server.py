@@ -35,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
+from tools.profiling.models import BatchInput, Mode, Optimizer, Precision, ProfileRequest, ProfileResult
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool, default_memory_limit_bytes
@@ -66,7 +67,10 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 `get_skill`."""
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
-WORKER_PRELOAD = ("tools.runner.usercode",)
+WORKER_PRELOAD = (
+    "tools.runner.usercode",
+    "tools.profiling.worker",  # profile_model
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,6 +412,88 @@ def _register_torch_tools(mcp: MCPServer) -> None:
     "tools.<tool>.worker:run", request, ..., check_paths=[...every file it names...])`, and
     validate the returned dict into its result model (which has a `run: RunInfo | None` field).
     """
+
+    # -- profile_model --
+    @mcp.tool(annotations=RUNS_USER_CODE)
+    async def profile_model(
+        model: ModelArg,
+        ctx: Context,
+        model_kwargs: ModelKwargsArg = None,
+        inputs: InputsArg = None,
+        input_shape: InputShapeArg = None,
+        input_dtype: InputDtypeArg = "float32",
+        loss: LossArg = None,
+        data: Annotated[
+            str | None,
+            Field(
+                description="'file.py:make_loader' returning an iterable of batches (e.g. a DataLoader), "
+                "instead of inputs/input_shape; the time spent in next(loader) is measured"
+            ),
+        ] = None,
+        batch_input: Annotated[
+            BatchInput,
+            Field(description="'first' feeds only batch[0] to the model, for (inputs, targets) pairs"),
+        ] = "whole",
+        mode: Annotated[
+            Mode, Field(description="'train': forward, loss, backward, optimizer step; 'inference': forward")
+        ] = "train",
+        optimizer: Annotated[Optimizer, Field(description="optimizer for train mode")] = "adamw",
+        precision: Annotated[
+            Precision,
+            Field(description="fp32, bf16/fp16 (model cast), bf16_autocast/fp16_autocast (torch.autocast)"),
+        ] = "fp32",
+        warmup_steps: Annotated[int, Field(ge=1, le=100, description="steps before timing starts")] = 3,
+        active_steps: Annotated[int, Field(ge=3, le=200, description="steps timed, then profiled")] = 10,
+        compile: Annotated[
+            bool, Field(description="also time torch.compile(model): compile time and speed-up over eager")
+        ] = False,
+        trace_path: Annotated[
+            str | None,
+            Field(description="write a Chrome/Perfetto trace (.json) of the profiled steps here"),
+        ] = None,
+        top_k: Annotated[int, Field(ge=1, le=100, description="operators listed in top_ops")] = 15,
+        device: DeviceArg = "auto",
+        timeout_s: TimeoutArg = 300,
+        memory_limit_gib: MemoryArg = None,
+    ) -> ProfileResult:
+        """Measure a real training or inference step of the user's model and say what bounds it.
+
+        Times the step without the profiler (median, IQR), then profiles it: top operators, time per
+        phase and top-level module, FLOPs and MFU, bytes moved, peak memory, loader wait, host syncs
+        (.item() and the like, named with module and line). Returns the bottleneck (data_loading,
+        cpu_overhead, compute, memory_bandwidth or unknown) with its evidence, and findings naming
+        the skill that fixes it. Use it before optimizing a slow training loop.
+        """
+        with anticipated_errors():
+            request = ProfileRequest(
+                model=model,
+                model_kwargs=model_kwargs or {},
+                inputs=inputs,
+                input_shape=input_shape,
+                input_dtype=input_dtype,
+                loss=loss,
+                device=device,
+                data=data,
+                batch_input=batch_input,
+                mode=mode,
+                optimizer=optimizer,
+                precision=precision,
+                warmup_steps=warmup_steps,
+                active_steps=active_steps,
+                compile=compile,
+                trace_path=trace_path,
+                top_k=top_k,
+            )
+        result = await run_in_worker(
+            ctx,
+            "tools.profiling.worker:run",
+            request,
+            timeout_s=timeout_s,
+            memory_limit_gib=memory_limit_gib,
+            device=device,
+            check_paths=request.named_paths(),
+        )
+        return ProfileResult.model_validate(result)
 
 
 # ------------------------------------------------------------------------------------------------
