@@ -452,6 +452,14 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             Field(description="write a Chrome/Perfetto trace (.json) of the profiled steps here"),
         ] = None,
         top_k: Annotated[int, Field(ge=1, le=100, description="operators listed in top_ops")] = 15,
+        cpu_threads: Annotated[
+            int | None,
+            Field(
+                ge=1,
+                le=1024,
+                description="torch.set_num_threads for the run; 1 steadies timings on a busy machine",
+            ),
+        ] = None,
         device: DeviceArg = "auto",
         timeout_s: TimeoutArg = 300,
         memory_limit_gib: MemoryArg = None,
@@ -483,6 +491,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
                 compile=compile,
                 trace_path=trace_path,
                 top_k=top_k,
+                cpu_threads=cpu_threads,
             )
         result = await run_in_worker(
             ctx,

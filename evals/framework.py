@@ -57,7 +57,11 @@ def lookup(data: Any, path: str) -> Any:
         name, _, index = raw.partition("[")
         nxt: list[Any] = []
         for item in current:
-            value = item.get(name, _MISSING) if (name and isinstance(item, dict)) else (item if not name else _MISSING)
+            value = (
+                item.get(name, _MISSING)
+                if (name and isinstance(item, dict))
+                else (item if not name else _MISSING)
+            )
             if value is _MISSING:
                 continue
             if index:

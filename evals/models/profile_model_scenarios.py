@@ -11,13 +11,13 @@ import time
 import torch
 from torch import nn
 
-LOADER_SLEEP_S = 0.03  # per batch: far above the model's step time, so the loader must dominate
+LOADER_SLEEP_S = 0.1  # per batch: 100x the model's step on a quiet machine, >3x on a very busy one
 
 
 class SleepyLoader:
     """Re-iterable like a DataLoader; every batch takes LOADER_SLEEP_S to 'load'."""
 
-    def __init__(self, batches: int = 64, batch_size: int = 32, features: int = 64):
+    def __init__(self, batches: int = 8, batch_size: int = 32, features: int = 64):
         self.batches, self.batch_size, self.features = batches, batch_size, features
 
     def __iter__(self):
@@ -108,3 +108,20 @@ def elementwise() -> nn.Module:
 
 def not_a_loader() -> int:
     return 42
+
+
+class ValueLogger(nn.Module):
+    """Reads its activations back as Python lists every call, the way ad-hoc logging does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        self.last_values = y[0].tolist()  # host sync on a GPU, invisible to the dispatcher on a CPU
+        return y
+
+
+def value_logger() -> nn.Module:
+    return ValueLogger()

@@ -3,14 +3,15 @@
 Use:
 
     verdict = classify(StepEvidence(on_gpu=False, step_time_s=0.010, data_wait_share=None,
-                                    work_time_s=0.0004, flops_per_step=2e6, ...))
+                                    work_fraction=0.04, flops_per_step=2e6, ...))
     verdict.bottleneck, verdict.shares, verdict.evidence
 
-How it decides. The step's wall time (measured without the profiler) splits into three measured
-parts: waiting on the loader (`data_wait`), substantial tensor work (`work`: GPU kernel time on a
-GPU; on a CPU, the self time of operators longer than the small-op threshold, which is 20 times
-the calibrated cost of dispatching one tiny op), and the rest, host overhead (Python, dispatch,
-launches, syncs, many tiny ops). The largest part wins. When it is `work`, a roofline estimate
+How it decides. The step's wall time splits into three measured parts: waiting on the loader
+(`data_wait`, timed without the profiler), substantial tensor work (`work`: GPU kernel time on a
+GPU; on a CPU, the self time of operator calls longer than the small-op threshold, which is 20
+times the calibrated cost of dispatching one tiny op; taken from the profiled steps as a fraction
+of their non-data time), and the rest, host overhead (Python, dispatch, launches, syncs, many tiny
+ops). The largest part wins. When it is `work`, a roofline estimate
 says which limit it is closer to: FLOPs / attainable FLOP/s (compute) against bytes moved /
 attainable bytes/s (memory bandwidth), both attainable figures measured on this machine in the
 same run. Every figure is a ratio of times measured under the same load, so the verdict holds on a
@@ -41,7 +42,9 @@ class StepEvidence:
     on_gpu: bool
     step_time_s: float  # median, without the profiler
     data_wait_share: float | None  # next(loader) time / step time over the timed steps; None: no loader
-    work_time_s: float  # GPU kernel time, or CPU self time of ops above the small-op threshold
+    work_fraction: (
+        float  # of the non-data step time: GPU kernels, or CPU op calls above the small-op threshold
+    )
     flops_per_step: float
     attainable_flops_per_s: float
     bytes_per_step: float
@@ -70,7 +73,7 @@ def _clip(x: float) -> float:
 def classify(e: StepEvidence) -> Verdict:
     """The bottleneck, the shares of step time behind it, and the evidence in words."""
     data = _clip(e.data_wait_share) if e.data_wait_share is not None else None
-    work = _clip(min(_ratio(e.work_time_s, e.step_time_s), 1.0 - (data or 0.0)))
+    work = (1.0 - (data or 0.0)) * _clip(e.work_fraction)
     host = _clip(1.0 - work - (data or 0.0))
     compute = _clip(_ratio(_ratio(e.flops_per_step, e.attainable_flops_per_s), e.step_time_s))
     memory = _clip(_ratio(_ratio(e.bytes_per_step, e.attainable_bytes_per_s), e.step_time_s))

@@ -15,6 +15,7 @@ SECONDARY_SHARE = 0.2  # a part of the step this large earns a finding even when
 PROFILER_SKEW = 1.5  # above this slow-down, op shares under the profiler lean towards small ops
 CONV_SHARE = 0.2  # convolutions this large a share of op time make the memory format matter
 COMPILE_GAIN = 1.1  # a 10% gain from torch.compile is worth suggesting
+OVERSUBSCRIBED = 1.0  # more runnable processes than cores: threads wait for a core
 
 
 def _pct(x: float | None) -> str:
@@ -150,6 +151,17 @@ def findings_for(r: ProfileResult) -> list[Finding]:
                 "model.to(memory_format=torch.channels_last) with channels_last inputs lets cuDNN "
                 "(tensor cores) and oneDNN skip layout conversions around every conv.",
                 skill="tensor-operations-and-memory",
+            )
+        )
+    if r.cpu_load is not None and r.cpu_load > OVERSUBSCRIBED and not r.device.startswith("cuda"):
+        out.append(
+            Finding(
+                severity="warning",
+                code="cpu_contention",
+                message=f"The machine was oversubscribed during the run (load {r.cpu_load:.1f} per core): "
+                "intra-op threads wait for each other and for a core, so small ops look slow and steps "
+                "stall at random. Measure on a quiet machine, or call again with cpu_threads=1.",
+                skill="performance-profiling",
             )
         )
     if r.timing.noisy:

@@ -62,6 +62,13 @@ class ProfileRequest(ModelInputs):
         "(under an allowed root); open it in ui.perfetto.dev",
     )
     top_k: int = Field(default=15, ge=1, le=100, description="how many operators to list in top_ops")
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="torch.set_num_threads for the run (default: torch's, one per core); 1 keeps CPU "
+        "timings stable on a machine shared with other jobs",
+    )
 
     @field_validator("data")
     @classmethod
@@ -205,7 +212,11 @@ class ProfileResult(BaseModel):
 
     run: RunInfo | None = None
     device: str = Field(description="'cpu' or 'cuda:N'")
-    device_name: str = Field(description="e.g. 'cpu (2 threads)' or 'NVIDIA H100 80GB HBM3'")
+    device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
+    cpu_load: float | None = Field(
+        default=None,
+        description="highest 1-minute load average seen during the run, per CPU core (above 1: oversubscribed)",
+    )
     mode: Mode
     precision: Precision
     samples_per_step: int | None = Field(default=None, description="leading size of the batch's first tensor")

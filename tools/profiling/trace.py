@@ -4,15 +4,21 @@ Use `profiled_pass(runner, warmup=1, active=10, small_op_s=3e-5, top_k=15, trace
 `TraceSummary`. Each step's phases ("## phase: forward", ...) and each top-level submodule's
 forward ("## module: encoder") are marked with `record_function`, so the trace shows them and the
 summary can total them. Times are per step (the profiler's totals divided by the active steps).
+The kineto events are read directly (`raw_events`) and nested here: building torch's
+FunctionEvent tree costs about 100 us per event, minutes for a model of many small ops.
 
 On a GPU the tables rank operators by the CUDA time of the kernels they launched (the device is
-what bounds the step), and `work_time_s` is the total kernel time per step; on a CPU they rank by
-self CPU time, and `work_time_s` is the self time of operators longer than `small_op_s`, outside
-the data phase.
+what bounds the step), and the work is the kernel time; on a CPU they rank by self CPU time, and
+the work is the self time of operator calls longer than `small_op_s` (20x a one-element add
+profiled right after each step), outside the data phase, each call timed by its median over the
+steps decides whether it is work (`cpu_work_per_step`). `work_fraction` is the median over the
+steps of work / (step - data phase), two times taken in the same step: a call or a step slowed by
+a busy machine does not skew it.
 
 Known limitations: kernels that overlap on several streams are summed, so GPU work can exceed the
-step time (the classifier clips it); module times cover the forward pass only (backward runs in the
-autograd engine, outside any module call).
+step time (it is clipped); module times cover the forward pass only (backward runs in the
+autograd engine, outside any module call), and on a GPU backward kernels launched from the
+autograd thread are not attributed to the backward phase's device time.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +36,16 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from tools.profiling.calibrate import synchronizer
 from tools.profiling.categories import op_category
+from tools.profiling.classify import SMALL_OP_FACTOR
 from tools.profiling.models import CategoryTime, OpTime, PhaseTime
 from tools.profiling.step import StepRunner
 
-CALL_CAP_FACTOR = 4.0  # one call of an op longer than 4x its median is taken as preempted, not slower
 PHASE_PREFIX = "## phase: "
 MODULE_PREFIX = "## module: "
+STEP_PREFIX = "ProfilerStep"
+CALIBRATION = "## calibration: tiny ops"
+TINY_OPS_PER_STEP = 50
+PHASES = ("data", "forward", "loss", "backward", "optimizer")
 
 
 @dataclass
@@ -46,7 +56,9 @@ class TraceSummary:
     categories: list[CategoryTime]
     phases: list[PhaseTime]
     module_times: dict[str, tuple[float, float | None]]  # name -> (host s, device s) per step
-    work_time_s: float
+    work_time_s: float  # mean per step
+    work_fraction: float  # median over steps of work / (step - data phase)
+    small_op_s: float  # op calls shorter than this count as overhead, not work
     median_op_time_s: float
     sync_wait_s: float | None  # GPU: host time blocked in cuda*Synchronize per step
     trace_path: str | None
@@ -132,7 +144,7 @@ def raw_events(prof: profile) -> list[RawEvent]:
                 correlation_id=e.correlation_id(),
                 linked_correlation_id=e.linked_correlation_id(),
                 on_device=e.device_type() != torch.autograd.DeviceType.CPU,
-                annotation=e.is_user_annotation() or name.startswith("ProfilerStep"),
+                annotation=e.is_user_annotation() or name.startswith(STEP_PREFIX),
             )
         )
     return out
@@ -143,11 +155,12 @@ class _Node:
     event: RawEvent
     phase: str | None
     module: str | None
+    step: int | None  # index of the ProfilerStep range it ran in
     children_ns: int = 0
 
 
-def _nest(events: list[RawEvent]) -> list[_Node]:
-    """Nodes with the phase and top-level module each host event ran in, and its children's time."""
+def _nest(events: list[RawEvent], step_ranges: list[tuple[int, int]]) -> list[_Node]:
+    """Host events with their phase, top-level module, step, and the time of their children."""
     nodes: list[_Node] = []
     by_thread: dict[int, list[RawEvent]] = defaultdict(list)
     for e in events:
@@ -164,9 +177,11 @@ def _nest(events: list[RawEvent]) -> list[_Node]:
             module = parent.module if parent else None
             if e.name.startswith(PHASE_PREFIX):
                 phase = e.name[len(PHASE_PREFIX) :]
+            elif e.name == CALIBRATION:
+                phase = "calibration"
             elif e.name.startswith(MODULE_PREFIX):
                 module = e.name[len(MODULE_PREFIX) :]
-            node = _Node(e, phase, module)
+            node = _Node(e, phase, module, _step_of(e.start_ns, step_ranges))
             if parent is not None:
                 parent.children_ns += e.end_ns - e.start_ns
             stack.append(node)
@@ -174,78 +189,146 @@ def _nest(events: list[RawEvent]) -> list[_Node]:
     return nodes
 
 
+def _step_of(start_ns: int, step_ranges: list[tuple[int, int]]) -> int | None:
+    for index, (begin, end) in enumerate(step_ranges):
+        if begin <= start_ns < end:
+            return index
+    return None
+
+
 def _does_tensor_work(name: str, category: str) -> bool:
     """Operators do tensor work; autograd-engine bookkeeping and CUDA runtime calls are host overhead."""
     return category not in ("autograd", "host_sync") and not name.startswith("cuda")
 
 
-def _substantial_time(call_times: list[float], small_op_s: float) -> float:
-    """Self time of the calls of one op that do real work, robust to a call preempted by the OS.
+def cpu_work_per_step(calls: list[tuple[int, int, str, float]], small_op_s: float) -> dict[int, float]:
+    """Seconds of real work in each step, with calls preempted by the OS not mistaken for work.
 
-    A call counts when it lasts longer than `small_op_s`; each call is first capped at
-    CALL_CAP_FACTOR x the op's median call, so a 3 us op that was descheduled for 5 ms on a busy
-    machine still reads as a 3 us op.
+    `calls` are (step, start_ns, name, self seconds). The k-th call of an op in one step is the same
+    call as the k-th in the next (a step runs the same code each time), so a call is work when its
+    median over the steps exceeds `small_op_s`: a 3 us op descheduled for 5 ms in one step stays
+    overhead. A work call then counts with the time it took in that step, so that the step's work
+    and the step's wall time come from the same moment.
     """
-    cap = CALL_CAP_FACTOR * statistics.median(call_times)
-    return sum(t for t in (min(t, cap) for t in call_times) if t > small_op_s)
+    ordinal_of: list[tuple[str, int]] = []
+    by_call: dict[tuple[str, int], list[float]] = defaultdict(list)
+    seen: dict[tuple[int, str], int] = defaultdict(int)
+    ordered = sorted(calls)
+    for step, _start, name, seconds in ordered:
+        key = (name, seen[(step, name)])
+        seen[(step, name)] += 1
+        ordinal_of.append(key)
+        by_call[key].append(seconds)
+    is_work = {key for key, times in by_call.items() if statistics.median(times) > small_op_s}
+    work: dict[int, float] = defaultdict(float)
+    for (step, _start, _name, seconds), key in zip(ordered, ordinal_of, strict=True):
+        if key in is_work:
+            work[step] += seconds
+    return work
 
 
-def summarize_events(
-    events: list[RawEvent], steps: int, *, on_gpu: bool, small_op_s: float, top_k: int
-) -> dict[str, Any]:
-    """Top ops, categories, phase and module times, work time from the events of `steps` steps."""
-    device_ns: dict[int, int] = defaultdict(int)  # launching op's correlation id -> kernel ns
-    kernel_ns = 0
-    for e in events:
-        if e.on_device:
-            kernel_ns += e.end_ns - e.start_ns
-            device_ns[e.linked_correlation_id] += e.end_ns - e.start_ns
-    per_name: dict[tuple[str, str], list[float]] = defaultdict(
-        lambda: [0.0, 0.0, 0.0]
-    )  # cpu s, device s, calls
-    phase_cpu: dict[str, float] = defaultdict(float)
-    phase_dev: dict[str, float] = defaultdict(float)
-    module_cpu: dict[str, float] = defaultdict(float)
-    module_dev: dict[str, float] = defaultdict(float)
-    op_times: list[float] = []
-    call_times: dict[str, list[float]] = defaultdict(list)  # CPU: self time of each op call, outside data
-    step_cpu = sync_wait = 0.0
-    for node in _nest(events):
+@dataclass
+class _Totals:
+    """Running sums over the events, all in seconds."""
+
+    ops: dict[tuple[str, str], list[float]] = field(
+        default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0])
+    )
+    phase_cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    phase_dev: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    module_cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    module_dev: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    op_times: list[float] = field(default_factory=list)
+    calls: list[tuple[int, int, str, float]] = field(default_factory=list)  # (step, start ns, name, self s)
+    data_per_step: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    phases_per_step: dict[int, float] = field(default_factory=lambda: defaultdict(float))  # all but data
+    tiny_op_times: list[float] = field(default_factory=list)
+    sync_wait: float = 0.0
+
+
+def _accumulate(nodes: list[_Node], device_s: dict[int, float], on_gpu: bool) -> _Totals:
+    t = _Totals()
+    for node in nodes:
         e = node.event
         duration = (e.end_ns - e.start_ns) * 1e-9
-        if e.name.startswith("ProfilerStep"):
-            step_cpu += duration
-        elif e.name.startswith(PHASE_PREFIX):
-            phase_cpu[e.name[len(PHASE_PREFIX) :]] += duration
+        if e.name.startswith(PHASE_PREFIX):
+            t.phase_cpu[node.phase or ""] += duration
+            if node.step is not None:
+                per_step = t.data_per_step if node.phase == "data" else t.phases_per_step
+                per_step[node.step] += duration
         elif e.name.startswith(MODULE_PREFIX):
-            module_cpu[e.name[len(MODULE_PREFIX) :]] += duration
+            t.module_cpu[node.module or ""] += duration
         if e.annotation or e.name.startswith("## "):
             continue
         self_cpu = (e.end_ns - e.start_ns - node.children_ns) * 1e-9
-        self_dev = (
-            device_ns.get(e.correlation_id, 0) * 1e-9 if on_gpu and e.linked_correlation_id == 0 else 0.0
-        )
+        if node.phase == "calibration":
+            t.tiny_op_times.append(self_cpu)
+            continue
+        self_dev = device_s.get(e.correlation_id, 0.0) if on_gpu and e.linked_correlation_id == 0 else 0.0
         category = op_category(e.name, node.phase)
-        entry = per_name[(e.name, category)]
+        entry = t.ops[(e.name, category)]
         entry[0] += self_cpu
         entry[1] += self_dev
         entry[2] += 1
         if node.phase is not None:
-            phase_dev[node.phase] += self_dev
+            t.phase_dev[node.phase] += self_dev
         if node.module is not None:
-            module_dev[node.module] += self_dev
+            t.module_dev[node.module] += self_dev
         if e.name.startswith("aten::"):
-            op_times.append(self_cpu)
+            t.op_times.append(self_cpu)
         if category == "host_sync" and e.name.startswith("cuda"):
-            sync_wait += self_cpu
-        if not on_gpu and node.phase != "data" and _does_tensor_work(e.name, category):
-            call_times[e.name].append(self_cpu)
+            t.sync_wait += self_cpu
+        if node.step is not None and node.phase != "data" and _does_tensor_work(e.name, category):
+            t.calls.append((node.step, e.start_ns, e.name, self_cpu))
+    return t
 
-    n = max(steps, 1)
-    work = sum(_substantial_time(times, small_op_s) for times in call_times.values())
+
+def summarize_events(
+    events: list[RawEvent], *, on_gpu: bool, small_op_s: float, top_k: int
+) -> dict[str, Any]:
+    """Top ops, categories, phase and module times, and the work fraction of the profiled steps."""
+    step_ranges = sorted((e.start_ns, e.end_ns) for e in events if e.name.startswith(STEP_PREFIX))
+    steps = max(len(step_ranges), 1)
+    device_s: dict[int, float] = defaultdict(float)  # launching op's correlation id -> kernel seconds
+    kernel_per_step: dict[int, float] = defaultdict(float)
+    for e in events:
+        if e.on_device:
+            seconds = (e.end_ns - e.start_ns) * 1e-9
+            device_s[e.linked_correlation_id] += seconds
+            step = _step_of(e.start_ns, step_ranges)
+            if step is not None:
+                kernel_per_step[step] += seconds
+    totals = _accumulate(_nest(events, step_ranges), device_s, on_gpu)
+    tiny_op_s = statistics.median(totals.tiny_op_times) if totals.tiny_op_times else None
+    if tiny_op_s is not None:  # measured under the profiler, in the same steps: the fairest yardstick
+        small_op_s = SMALL_OP_FACTOR * tiny_op_s
+    busy_per_step = []
+    for index, (begin, end) in enumerate(step_ranges):
+        if on_gpu:  # the sync after the step waits for the kernels: the whole range counts
+            busy_per_step.append((end - begin) * 1e-9 - totals.data_per_step.get(index, 0.0))
+        else:  # the phases, leaving out the tiny-op calibration that follows each step
+            busy_per_step.append(totals.phases_per_step.get(index, 0.0))
+    work_per_step = kernel_per_step if on_gpu else cpu_work_per_step(totals.calls, small_op_s)
+    fractions = [
+        min(1.0, work_per_step.get(i, 0.0) / busy) for i, busy in enumerate(busy_per_step) if busy > 0
+    ]
+    return {
+        **_tables(totals, steps, on_gpu, top_k, step_ranges),
+        "steps": steps,
+        "work_time_s": sum(work_per_step.values()) / steps,
+        "work_fraction": statistics.median(fractions) if fractions else 0.0,
+        "median_op_time_s": statistics.median(totals.op_times) if totals.op_times else 0.0,
+        "small_op_s": small_op_s,
+        "sync_wait_s": totals.sync_wait / steps if on_gpu else None,
+    }
+
+
+def _tables(
+    t: _Totals, n: int, on_gpu: bool, top_k: int, step_ranges: list[tuple[int, int]]
+) -> dict[str, Any]:
     primary = 1 if on_gpu else 0
-    total = sum(v[primary] for v in per_name.values()) or 1.0
-    ranked = sorted(per_name.items(), key=lambda kv: -kv[1][primary])
+    total = sum(v[primary] for v in t.ops.values()) or 1.0
+    ranked = sorted(t.ops.items(), key=lambda kv: -kv[1][primary])
     top_ops = [
         OpTime(
             name=name,
@@ -259,32 +342,39 @@ def summarize_events(
         for (name, category), (cpu, dev, calls) in ranked[:top_k]
     ]
     by_category: dict[str, float] = defaultdict(float)
-    for (_, category), values in per_name.items():
+    for (_, category), values in t.ops.items():
         by_category[category] += values[primary]
     categories = [
-        CategoryTime(category=c, self_time_s=t / n, share=t / total)  # type: ignore[arg-type]
-        for c, t in sorted(by_category.items(), key=lambda kv: -kv[1])
+        CategoryTime(category=c, self_time_s=s / n, share=s / total)  # type: ignore[arg-type]
+        for c, s in sorted(by_category.items(), key=lambda kv: -kv[1])
     ]
-    step_host = (step_cpu or sum(phase_cpu.values())) / n
+    step_host = sum((end - begin) * 1e-9 for begin, end in step_ranges) / n or sum(t.phase_cpu.values()) / n
     phases = [
         PhaseTime(
             phase=p,  # type: ignore[arg-type]
-            cpu_time_s=phase_cpu[p] / n,
-            device_time_s=phase_dev[p] / n if on_gpu else None,
-            share=(phase_cpu[p] / n) / step_host if step_host else 0.0,
+            cpu_time_s=t.phase_cpu[p] / n,
+            device_time_s=t.phase_dev[p] / n if on_gpu else None,
+            share=(t.phase_cpu[p] / n) / step_host if step_host else 0.0,
         )
-        for p in ("data", "forward", "loss", "backward", "optimizer")
-        if p in phase_cpu
+        for p in PHASES
+        if p in t.phase_cpu
     ]
     return {
         "top_ops": top_ops,
         "categories": categories,
         "phases": phases,
-        "module_times": {k: (module_cpu[k] / n, module_dev[k] / n if on_gpu else None) for k in module_cpu},
-        "work_time_s": (kernel_ns * 1e-9 if on_gpu else work) / n,
-        "median_op_time_s": statistics.median(op_times) if op_times else 0.0,
-        "sync_wait_s": sync_wait / n if on_gpu else None,
+        "module_times": {
+            k: (t.module_cpu[k] / n, t.module_dev[k] / n if on_gpu else None) for k in t.module_cpu
+        },
     }
+
+
+def _tiny_ops() -> None:
+    """A yardstick for 'small': one-element adds, profiled right next to the user's ops."""
+    a, b = torch.ones(1), torch.ones(1)
+    with record_function(CALIBRATION):
+        for _ in range(TINY_OPS_PER_STEP):
+            torch.add(a, b)
 
 
 def profiled_pass(
@@ -314,12 +404,13 @@ def profiled_pass(
             sync()
             if index >= warmup:
                 times.append(time.perf_counter() - start)
+            if not on_gpu:
+                _tiny_ops()
             prof.step()
     events = raw_events(prof)
-    steps = sum(1 for e in events if e.name.startswith("ProfilerStep")) or active
     written = None
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
         written = str(trace_path)
-    summary = summarize_events(events, steps, on_gpu=on_gpu, small_op_s=small_op_s, top_k=top_k)
-    return TraceSummary(step_times_s=times, steps=steps, trace_path=written, **summary)
+    summary = summarize_events(events, on_gpu=on_gpu, small_op_s=small_op_s, top_k=top_k)
+    return TraceSummary(step_times_s=times, trace_path=written, **summary)

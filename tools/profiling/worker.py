@@ -108,8 +108,28 @@ def _peak_dtype(precision: str) -> PeakDType:
     return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
+def _cpu_load() -> float | None:
+    """1-minute load average per usable core, or None where the OS does not say."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        return os.getloadavg()[0] / max(cores, 1)
+    except (OSError, AttributeError):
+        return None
+
+
 def run(request: ProfileRequest, job) -> ProfileResult:
     """Profile the step the request describes; see the module docstring for the stages."""
+    threads = torch.get_num_threads()
+    if request.cpu_threads is not None:
+        torch.set_num_threads(request.cpu_threads)
+    try:
+        return _profile(request, job)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile(request: ProfileRequest, job) -> ProfileResult:
+    loads = [_cpu_load()]
     device = torch.device("cuda" if job.device == "cuda" else "cpu")
     on_gpu = device.type == "cuda"
     trace_path = resolve_trace_path(request.trace_path, job)
@@ -156,6 +176,7 @@ def run(request: ProfileRequest, job) -> ProfileResult:
             runner, timing.median, warmup=request.warmup_steps, active=request.active_steps
         )
 
+    loads.append(_cpu_load())
     job.progress(6, STAGES, "classifying the bottleneck")
     syncs_per_step = sum(s.calls_per_step for s in probe.syncs)
     has_loader = request.data is not None
@@ -164,14 +185,15 @@ def run(request: ProfileRequest, job) -> ProfileResult:
             on_gpu=on_gpu,
             step_time_s=timing.median,
             data_wait_share=timed.data_wait_share if has_loader else None,
-            work_time_s=trace.work_time_s,
+            work_fraction=trace.work_fraction,
             flops_per_step=probe.flops,
             attainable_flops_per_s=cal.matmul_flops_per_s,
             bytes_per_step=probe.bytes_moved,
             attainable_bytes_per_s=cal.copy_bytes_per_s,
             ops_per_step=probe.ops,
             median_op_time_s=trace.median_op_time_s,
-            per_op_overhead_s=cal.tiny_op_s,
+            per_op_overhead_s=trace.small_op_s
+            / SMALL_OP_FACTOR,  # a tiny op under the profiler, like the others
             host_syncs_per_step=syncs_per_step,
         )
     )
@@ -195,6 +217,7 @@ def run(request: ProfileRequest, job) -> ProfileResult:
     result = ProfileResult(
         device=str(device) if not on_gpu else f"cuda:{torch.cuda.current_device()}",
         device_name=device_name,
+        cpu_load=max((x for x in loads if x is not None), default=None),
         mode=request.mode,
         precision=request.precision,
         samples_per_step=timed.samples[0] if timed.samples else None,
