@@ -13,6 +13,8 @@ are the ones torch._dynamo counts, which are summaries, not source locations.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch._dynamo
@@ -32,30 +34,37 @@ def _graph_breaks() -> tuple[int, list[str]]:
     return int(sum(breaks.values())), [str(reason)[:300] for reason in list(breaks)[:10]]
 
 
-def compare_compiled(runner: StepRunner, eager_median_s: float, *, warmup: int, active: int) -> CompileReport:
-    """Time the step with torch.compile(model); report against the eager median."""
+def compare_compiled(
+    runner: StepRunner,
+    eager_median_s: float,
+    *,
+    warmup: int,
+    active: int,
+    compiler: Callable[[torch.nn.Module], Any] = torch.compile,
+) -> CompileReport:
+    """Time the step with `compiler(model)` (torch.compile); report against the eager median."""
     sync = synchronizer(runner.device)
-    try:
-        import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config
 
-        inductor_config.compile_threads = 1
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        compiled = runner.with_model(torch.compile(runner.model))
-        sync()
-        start = time.perf_counter()
-        compiled.step()
-        sync()
-        compile_time = time.perf_counter() - start
-        for _ in range(max(warmup - 1, 0)):
-            compiled.step()
-        times = []
-        for _ in range(active):
+    try:
+        with inductor_config.patch(compile_threads=1):  # restored on exit
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            compiled = runner.with_model(compiler(runner.model))
             sync()
             start = time.perf_counter()
             compiled.step()
             sync()
-            times.append(time.perf_counter() - start)
+            compile_time = time.perf_counter() - start
+            for _ in range(max(warmup - 1, 0)):
+                compiled.step()
+            times = []
+            for _ in range(active):
+                sync()
+                start = time.perf_counter()
+                compiled.step()
+                sync()
+                times.append(time.perf_counter() - start)
     except Exception as exc:  # noqa: BLE001 - any compiler failure is a finding, not a crash
         text = f"{type(exc).__name__}: {exc}".strip()
         return CompileReport(status="failed", error=text[:MAX_ERROR_CHARS])
