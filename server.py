@@ -47,6 +47,7 @@ from tools.skillpack.loader import (
     UnknownSkill,
     mime_type_for,
 )
+from tools.skillpack.route import Router, RouteResult
 from tools.skillpack.router import RouterFormatError, parse_router
 from tools.userspec import CodeRefError, Device, DType
 
@@ -290,6 +291,7 @@ def build_server(
     )
     _register_skill_resources(mcp, pack)
     _register_skill_tools(mcp, pack)
+    _register_route(mcp, pack)
     _register_prompts(mcp, pack)
     _register_torch_tools(mcp)
     return mcp
@@ -354,6 +356,23 @@ def _register_skill_tools(mcp: MCPServer, pack: SkillPack) -> None:
         )
 
 
+def _register_route(mcp: MCPServer, pack: SkillPack) -> None:
+    router = Router.from_pack(pack)
+
+    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False))
+    def route(
+        query: Annotated[
+            str, Field(description="the user's symptom, question or pasted error message, verbatim")
+        ],
+    ) -> RouteResult:
+        """Say which PyTorch skill to read for a symptom or error, or the one question to ask first.
+
+        Returns skills in reading order (the first is where to start), the diagnostic tools to run,
+        the router phrases that matched, and a confidence. For a query too vague to route
+        ("fix my training") it returns `clarify`: ask the user that question, then route again."""
+        return router.route(query)
+
+
 PROMPT_TEMPLATE = jinja2.Template(
     """\
 Use the PyTorch skill `{{ name }}` for this problem. Read skill://{{ name }}/SKILL.md first (or call
@@ -401,7 +420,7 @@ def skill_tools(pack: SkillPack) -> dict[str, list[str]]:
         table = parse_router(pack.skills[ROUTER_NAME].body)
     except RouterFormatError:
         return {}
-    return {name: [section.tool] for name, section in table.routes.items() if section.tool}
+    return {name: section.tools for name, section in table.routes.items() if section.tools}
 
 
 def _register_torch_tools(mcp: MCPServer) -> None:

@@ -4,13 +4,14 @@ Use `table = parse_router(text)`; `route.Router(table)` does the routing. The ro
 SKILL.md is the single source of routing knowledge, so its structure is a contract:
 
 - `## Routes` holds one `### <skill-name>` section per specialist. Inside, labelled bullet lists:
-  `**Symptoms**`, `**Error messages**`, `**Example queries**`, `**Keywords**`, and a
-  `**Tool:** \\`tool_name\\`` line naming the diagnostic tool to call.
+  `**Symptoms**`, `**Error messages**`, `**Example queries**` (one phrase per bullet), an inline
+  `**Keywords:** a, b, c` line, and a `**Tool:** \\`tool_name\\`` line naming the diagnostic
+  tools to call (every backticked name on it).
 - `## Precedence` is a table `| When the query mentions | together with | start with | then |`:
   comma-separated terms; `-` in "together with" means no second condition; "then" lists further
   skills (comma-separated, may be `-`).
 - `## Common routing mistakes` is a table `| Symptom | Tempting first stop | Right first stop | Why |`;
-  each row is a rule: symptom terms -> right first stop, ahead of the tempting one.
+  each row is a rule: symptom terms -> right first stop (the tempting one is not read).
 - `## Ask one question first` is a table `| The query is only | Ask |`: vague phrasings and the
   one clarifying question to ask for them.
 - `## Words users use` is a table `| Users write | Read it as |`: synonyms applied to the query.
@@ -42,7 +43,7 @@ class RouterFormatError(ValueError):
 class RouteSection:
     skill: str
     line: int
-    tool: str | None = None
+    tools: list[str] = field(default_factory=list)
     phrases: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in set(LABELS.values())})
 
     def all_phrases(self) -> list[tuple[str, str]]:
@@ -154,12 +155,15 @@ def _parse_routes(lines: list[tuple[int, str]]) -> dict[str, RouteSection]:
         lm = _LABEL.match(line.strip())
         if lm:
             key = lm.group(1).strip().lower()
+            rest = lm.group(2).strip()
             if key == "tool":
-                tool = _TOOL.search(lm.group(2))
-                section.tool = tool.group(1) if tool else None
+                section.tools = _TOOL.findall(rest)
                 label = None
             elif key in LABELS:
                 label = LABELS[key]
+                if rest:  # the inline form: **Keywords:** a, b, c
+                    section.phrases[label] += _split_terms(rest)
+                    label = None
             else:
                 label = None
             continue
@@ -210,13 +214,12 @@ def parse_router(text: str) -> RouterTable:
             raise RouterFormatError(
                 f"line {lineno}: a mistakes row needs: symptom | tempting first stop | right first stop | why"
             )
-        tempting = _clean(cells[1])
         precedence.append(
             PrecedenceRule(
                 terms=_split_terms(cells[0]),
                 together_with=[],
                 first=_clean(cells[2]),
-                then=[tempting] if tempting and tempting != _clean(cells[2]) else [],
+                then=[],
                 line=lineno,
                 source="mistakes",
                 why=cells[3].strip() if len(cells) > 3 else "",

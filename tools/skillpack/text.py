@@ -1,0 +1,174 @@
+"""Text normalization shared by the router's index and the queries it routes.
+
+`terms("GPU RAM keeps growing")` -> ['gpu', 'ram', 'keep', 'grow'] (lower-cased, light stemming,
+stop words dropped); `Synonyms(table).apply(tokens)` rewrites user words into the router's terms.
+Deterministic and dependency-free on purpose: routing must behave the same on every machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+STOP_WORDS = frozenset(
+    """a an the and or but if then else of to in on at by for with without from into onto over under
+    about after before during while when where which who whom what why how is are was were be been
+    being am do does did doing done have has had having i me my mine we us our you your it its they
+    them their this that these those there here can could should would will shall may might must not
+    no yes so just also too very really quite any some all each every more most much many few other
+    such only own same than again once up down out off get got getting gets use using used uses want
+    need needs try tried trying please help thanks thank hi hello hey anyone someone something
+    anything everything way ways thing things like im ive dont doesnt didnt cant wont isnt arent
+    wasnt one two new still even now since because why whats hows lot lots bit pytorch torch model
+    models training train trained code script issue issues problem problems question questions
+    getting seem seems seemed keep keeps kept make makes made go goes going work works working
+    worked run runs running ran see sees saw look looks looking know wrong correct properly right
+    best good bad better""".split()
+)
+
+# Words kept although the stop list would drop them: they carry routing signal.
+KEEP = frozenset({"out", "slow", "not", "no", "same", "save", "load", "stuck", "memory"})
+
+
+STEM_LENGTH = 6  # truncation stemming: 'initialization', 'initialize' -> 'initia'
+
+
+def stem(word: str) -> str:
+    """Strip an inflection, then keep the first six letters: 'explodes', 'exploding' -> 'explod'.
+
+    Truncation stemming is crude but predictable and needs no dictionary; the router's synonym
+    table covers the few words it conflates or separates wrongly.
+    """
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    for suffix, repl in (
+        ("ies", "y"),
+        ("sses", "ss"),
+        ("ing", ""),
+        ("edly", ""),
+        ("ed", ""),
+        ("es", "e"),
+        ("s", ""),
+    ):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            if suffix == "s" and word.endswith("ss"):
+                break
+            word = word[: len(word) - len(suffix)] + repl
+            break
+    if len(word) == 3 and word[0] not in _VOWELS and word[1] in _VOWELS and word[2] not in _VOWELS + "wxy":
+        word += "e"  # 'timing' -> 'tim' -> 'time', the same stem as 'time'
+    if word.endswith("e") and len(word) > 4:
+        word = word[:-1]
+    return word[:STEM_LENGTH]
+
+
+_VOWELS = "aeiou"
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_RAW_TOKEN = re.compile(r"[A-Za-z0-9_]+(?:[./\-][A-Za-z0-9_]+)*")
+
+
+def _split_camel(word: str) -> str:
+    """'ProcessGroupNCCL' -> 'Process-Group-NCCL'; 'NaN', 'ReLU', 'fp16' stay whole."""
+    parts = _CAMEL.split(word)
+    if len(parts) > 1 and (
+        all(len(p) >= 3 for p in parts) or (len(parts) >= 3 and all(len(p) >= 2 for p in parts))
+    ):
+        return "-".join(parts)
+    return word
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-cased word tokens; compound tokens ('torch.cuda.amp', 'multi-gpu') are kept whole.
+
+    CamelCase identifiers become hyphenated compounds first ('ProcessGroupNCCL' ->
+    'process-group-nccl'), so their parts match like words.
+    """
+    text = text.replace("\u2019", "'").replace("'", "")
+    out = []
+    for raw in _RAW_TOKEN.findall(text):
+        pieces = re.split(r"([./\-])", raw)
+        out.append("".join(_split_camel(p) for p in pieces).lower())
+    return out
+
+
+def expand(token: str) -> list[str]:
+    """A compound token and its parts: 'torch.cuda.amp' -> ['torch.cuda.amp', 'torch', 'cuda', 'amp']."""
+    parts = [p for p in re.split(r"[./\-_]", token) if p]
+    return [token, *parts] if len(parts) > 1 else [token]
+
+
+# For precedence rules, where "save model" must not fire on every "save": only glue words go.
+GLUE_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "my",
+        "our",
+        "your",
+        "its",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "by",
+        "and",
+        "or",
+        "i",
+        "it",
+        "this",
+        "that",
+    ]
+)
+
+
+def terms(text: str, synonyms: Synonyms | None = None, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
+    """Stemmed content terms of `text`, in order, compound tokens expanded."""
+    toks = tokens(text)
+    if synonyms is not None:
+        toks = synonyms.apply(toks)
+    out = []
+    for tok in toks:
+        for piece in expand(tok):
+            if piece in stop_words and piece not in KEEP:
+                continue
+            out.append(stem(piece))
+    return out
+
+
+class Synonyms:
+    """Rewrites token sequences: {'gpu ram': 'memory', 'vram': 'memory'} (longest match first)."""
+
+    def __init__(self, table: dict[str, str]):
+        self._rules: dict[tuple[str, ...], list[str]] = {}
+        for src, dst in table.items():
+            key = tuple(tokens(src))
+            if key:
+                self._rules[key] = tokens(dst)
+        self._longest = max((len(k) for k in self._rules), default=0)
+
+    def apply(self, toks: list[str]) -> list[str]:
+        # hyphenated compounds take part word by word ('gpu-util' matches the rule 'gpu util')
+        toks = [part for tok in toks for part in (tok.split("-") if "-" in tok else [tok]) if part]
+        out: list[str] = []
+        i = 0
+        while i < len(toks):
+            for n in range(min(self._longest, len(toks) - i), 0, -1):
+                repl = self._rules.get(tuple(toks[i : i + n]))
+                if repl is not None:
+                    out.extend(repl)
+                    i += n
+                    break
+            else:
+                out.append(toks[i])
+                i += 1
+        return out
