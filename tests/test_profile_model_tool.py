@@ -1,7 +1,8 @@
-"""profile_model end to end over MCP: the scripted scenarios, the trace file, argument checks, CUDA runs.
+"""profile_model end to end over MCP: the trace file, argument checks, and the scenarios on CUDA.
 
-The scenarios are the data in evals/scenarios/profile_model.py; paths in them are relative to the
-repository root, the server's working directory when pytest runs from there.
+The CPU scenarios (evals/scenarios/profile_model.py) run in `pytest evals/` through
+evals/test_diagnoses.py; the GPU tests here reuse them with device='cuda'. Paths in them are
+relative to the repository root, the server's working directory when pytest runs from there.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.framework import Scenario, check
+from evals.framework import Scenario
 from evals.scenarios.profile_model import MODELS, SCENARIOS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,31 +24,6 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-async def _call(client, scenario: Scenario):
-    return await client.call_tool(scenario.tool, scenario.arguments)
-
-
-def _failures(scenario: Scenario, result: dict) -> list[tuple[str, object]]:
-    return [(e.describe(), actual) for e in scenario.expect for ok, actual in [check(e, result)] if not ok]
-
-
-@pytest.mark.parametrize(
-    "scenario",
-    [pytest.param(s, id=s.id, marks=[pytest.mark.slow] if s.slow else []) for s in SCENARIOS],
-)
-async def test_each_scripted_scenario_meets_its_expectations(client, scenario: Scenario):
-    """The structured result of every scenario says what the scenario scripts (or fails as scripted)."""
-    r = await _call(client, scenario)
-    if scenario.expect_error is not None:
-        assert r.is_error
-        assert scenario.expect_error in r.content[0].text
-        return
-    assert not r.is_error, r.content[0].text
-    result = r.structured_content
-    failures = _failures(scenario, result)
-    assert not failures, (failures, result["summary"], result["shares"], result["evidence"])
 
 
 async def test_a_chrome_trace_is_written_under_an_allowed_root(client):

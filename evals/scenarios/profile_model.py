@@ -100,6 +100,7 @@ SCENARIOS: list[Scenario] = [
             Expect("host_syncs[*].module", "contains", "blocks.7"),
             Expect("host_syncs[*].phase", "not_contains", "optimizer"),
             Expect("host_syncs[0].location", "not_null"),
+            Expect("modules[7].name", "eq", "blocks.7"),
             Expect("findings[*].code", "contains", "host_sync"),
             Expect("bottleneck", "eq", "cpu_overhead"),
         ],

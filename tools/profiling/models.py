@@ -149,7 +149,7 @@ class PhaseTime(BaseModel):
 
 
 class ModuleTime(BaseModel):
-    """A top-level submodule's forward pass: time, share of the forward phase, FLOPs."""
+    """A top-level submodule's forward pass (ModuleList/ModuleDict opened one level): time, share, FLOPs."""
 
     name: str
     type: str

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from tools.profiling.models import HostSync
-from tools.profiling.step import StepRunner
+from tools.profiling.step import StepRunner, top_level_modules
 
 aten = torch.ops.aten
 
@@ -63,7 +63,7 @@ _STDLIB_DIR = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 @dataclass
 class Probe:
     flops: int
-    module_flops: dict[str, int]  # top-level child name -> FLOPs (forward and backward)
+    module_flops: dict[str, int]  # top-level module name -> FLOPs (forward and backward)
     bytes_moved: int
     ops: int
     syncs: list[HostSync]
@@ -247,7 +247,7 @@ def probe_step(runner: StepRunner) -> Probe:
     root = type(model).__name__
     per_module = counter.get_flop_counts()
     module_flops = {
-        name: int(sum(per_module.get(f"{root}.{name}", {}).values())) for name, _ in model.named_children()
+        name: int(sum(per_module.get(f"{root}.{name}", {}).values())) for name, _ in top_level_modules(model)
     }
     syncs = [
         HostSync(op=op, calls_per_step=calls, phase=phase, module=module, location=location)

@@ -52,6 +52,17 @@ MATMUL_DTYPE = {  # the dtype the step's matmuls run in, for the calibration mat
 }
 
 
+def top_level_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's children, with ModuleList/ModuleDict containers (never called themselves) opened."""
+    out: list[tuple[str, torch.nn.Module]] = []
+    for name, child in model.named_children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            out += [(f"{name}.{sub}", grandchild) for sub, grandchild in child.named_children()]
+        else:
+            out.append((name, child))
+    return out
+
+
 def no_phase(_: str) -> contextlib.AbstractContextManager:
     return _NO_PHASE
 
@@ -120,7 +131,7 @@ class BatchSource:
                     "bad_request",
                     f"the data loader ran out after {self.batches} batches and, being a one-shot iterator, "
                     "cannot restart; return a DataLoader or a list (re-iterable), or yield more batches "
-                    "(warmup_steps + 2 x active_steps + 3 are used, more with compile=True)",
+                    "(warmup_steps + 2 x active_steps + 2 are used, more with compile=True)",
                 )
             self._iterator = None
         raise UserCodeError(

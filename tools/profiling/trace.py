@@ -38,7 +38,7 @@ from tools.profiling.calibrate import synchronizer
 from tools.profiling.categories import op_category
 from tools.profiling.classify import SMALL_OP_FACTOR
 from tools.profiling.models import CategoryTime, OpTime, PhaseTime
-from tools.profiling.step import StepRunner
+from tools.profiling.step import StepRunner, top_level_modules
 
 PHASE_PREFIX = "## phase: "
 MODULE_PREFIX = "## module: "
@@ -77,7 +77,7 @@ class _ModuleMarkers:
         self.open: list[record_function] = []
 
     def __enter__(self) -> _ModuleMarkers:
-        for name, child in self.model.named_children():
+        for name, child in top_level_modules(self.model):
             self.handles.append(child.register_forward_pre_hook(self._enter(MODULE_PREFIX + name)))
             self.handles.append(child.register_forward_hook(self._leave))
         return self

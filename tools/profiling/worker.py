@@ -27,22 +27,23 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch._dynamo  # noqa: F401 - optimizers and FlopCounterMode import it on first use (~2 s): preload it
 
-from tools.profiling.calibrate import calibrate
+from tools.profiling.calibrate import Calibration, calibrate
 from tools.profiling.classify import SMALL_OP_FACTOR, StepEvidence, classify
 from tools.profiling.compiled import compare_compiled
 from tools.profiling.findings import findings_for, summary_for
-from tools.profiling.models import ModuleTime, ProfileRequest, ProfileResult, StepTiming
+from tools.profiling.models import CompileReport, ModuleTime, ProfileRequest, ProfileResult, StepTiming
 from tools.profiling.peaks import PeakDType, peak_flops
-from tools.profiling.probe import probe_step
+from tools.profiling.probe import Probe, probe_step
 from tools.profiling.stats import summarize
-from tools.profiling.step import MATMUL_DTYPE, build_step
-from tools.profiling.timing import time_steps
-from tools.profiling.trace import profiled_pass
+from tools.profiling.step import MATMUL_DTYPE, StepRunner, build_step, top_level_modules
+from tools.profiling.timing import TimedSteps, time_steps
+from tools.profiling.trace import TraceSummary, profiled_pass
 from tools.runner.errors import UserCodeError
 
 PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step lets the profiler settle
@@ -123,12 +124,34 @@ def run(request: ProfileRequest, job) -> ProfileResult:
     if request.cpu_threads is not None:
         torch.set_num_threads(request.cpu_threads)
     try:
-        return _profile(request, job)
+        measured = _measure(request, job)
     finally:
         torch.set_num_threads(threads)
+    job.progress(STAGES - 1, STAGES, "classifying the bottleneck")
+    result = _result(request, measured)
+    job.progress(STAGES, STAGES, "done")
+    return result
 
 
-def _profile(request: ProfileRequest, job) -> ProfileResult:
+@dataclass
+class _Measured:
+    device: torch.device
+    runner: StepRunner
+    timed: TimedSteps
+    peak_memory_bytes: int
+    memory_kind: str
+    cal: Calibration
+    probe: Probe
+    trace: TraceSummary
+    compile_report: CompileReport | None
+    cpu_loads: list[float | None]
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def _measure(request: ProfileRequest, job) -> _Measured:
     loads = [_cpu_load()]
     device = torch.device("cuda" if job.device == "cuda" else "cpu")
     on_gpu = device.type == "cuda"
@@ -141,16 +164,14 @@ def _profile(request: ProfileRequest, job) -> ProfileResult:
     runner = build_step(request, job, device)
 
     job.progress(
-        1, STAGES, f"timing {request.warmup_steps} + {request.active_steps} steps without the profiler"
+        1, STAGES, f"timing {request.warmup_steps}+{request.active_steps} steps without the profiler"
     )
     _reset_peak_rss()
     timed = time_steps(runner, warmup=request.warmup_steps, active=request.active_steps)
     if on_gpu:
         peak_memory, memory_kind = torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
     else:
-        peak = _proc_status_bytes("VmHWM") or 0
-        peak_memory, memory_kind = max(peak - baseline_rss, 0), "cpu_rss_growth"
-    timing = summarize(timed.times_s)
+        peak_memory, memory_kind = max((_proc_status_bytes("VmHWM") or 0) - baseline_rss, 0), "cpu_rss_growth"
 
     job.progress(2, STAGES, "measuring the attainable matmul rate, copy rate and per-op cost")
     cal = calibrate(device, MATMUL_DTYPE[request.precision])
@@ -163,109 +184,111 @@ def _profile(request: ProfileRequest, job) -> ProfileResult:
         runner,
         warmup=PROFILER_WARMUP_STEPS,
         active=request.active_steps,
-        small_op_s=SMALL_OP_FACTOR * cal.tiny_op_s,
+        small_op_s=SMALL_OP_FACTOR * cal.tiny_op_s,  # used where the profiled yardstick is missing (GPU)
         top_k=request.top_k,
         trace_path=trace_path,
     )
-    profiled = summarize(trace.step_times_s)
 
     compile_report = None
     if request.compile:
         job.progress(5, STAGES, "compiling the model with torch.compile and timing it")
+        eager = summarize(timed.times_s).median
         compile_report = compare_compiled(
-            runner, timing.median, warmup=request.warmup_steps, active=request.active_steps
+            runner, eager, warmup=request.warmup_steps, active=request.active_steps
         )
-
     loads.append(_cpu_load())
-    job.progress(6, STAGES, "classifying the bottleneck")
-    syncs_per_step = sum(s.calls_per_step for s in probe.syncs)
+    return _Measured(
+        device, runner, timed, int(peak_memory), memory_kind, cal, probe, trace, compile_report, loads
+    )
+
+
+def _modules(m: _Measured) -> list[ModuleTime]:
+    forward = next((p.cpu_time_s for p in m.trace.phases if p.phase == "forward"), 0.0)
+    out = []
+    for name, child in top_level_modules(m.runner.model):
+        host, device = m.trace.module_times.get(name, (0.0, None))
+        out.append(
+            ModuleTime(
+                name=name,
+                type=type(child).__name__,
+                forward_time_s=host,
+                forward_device_time_s=device,
+                share_of_forward=host / forward if forward else 0.0,
+                flops_per_step=m.probe.module_flops.get(name, 0),
+            )
+        )
+    return out
+
+
+def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
+    timing = summarize(m.timed.times_s)
+    profiled = summarize(m.trace.step_times_s)
     has_loader = request.data is not None
+    syncs_per_step = sum(s.calls_per_step for s in m.probe.syncs)
     verdict = classify(
         StepEvidence(
-            on_gpu=on_gpu,
+            on_gpu=m.on_gpu,
             step_time_s=timing.median,
-            data_wait_share=timed.data_wait_share if has_loader else None,
-            work_fraction=trace.work_fraction,
-            flops_per_step=probe.flops,
-            attainable_flops_per_s=cal.matmul_flops_per_s,
-            bytes_per_step=probe.bytes_moved,
-            attainable_bytes_per_s=cal.copy_bytes_per_s,
-            ops_per_step=probe.ops,
-            median_op_time_s=trace.median_op_time_s,
-            per_op_overhead_s=trace.small_op_s
-            / SMALL_OP_FACTOR,  # a tiny op under the profiler, like the others
+            data_wait_share=m.timed.data_wait_share if has_loader else None,
+            work_fraction=m.trace.work_fraction,
+            flops_per_step=m.probe.flops,
+            attainable_flops_per_s=m.cal.matmul_flops_per_s,
+            bytes_per_step=m.probe.bytes_moved,
+            attainable_bytes_per_s=m.cal.copy_bytes_per_s,
+            ops_per_step=m.probe.ops,
+            median_op_time_s=m.trace.median_op_time_s,
+            per_op_overhead_s=m.trace.small_op_s / SMALL_OP_FACTOR,  # a tiny op timed like the others
             host_syncs_per_step=syncs_per_step,
         )
     )
-    device_name = _device_name(device)
-    peak = peak_flops(device_name, _peak_dtype(request.precision)) if on_gpu else None
-    achieved = probe.flops / timing.median if timing.median > 0 else 0.0
-    forward_time = next((p.cpu_time_s for p in trace.phases if p.phase == "forward"), 0.0)
-    modules = [
-        ModuleTime(
-            name=name,
-            type=type(child).__name__,
-            forward_time_s=trace.module_times.get(name, (0.0, None))[0],
-            forward_device_time_s=trace.module_times.get(name, (0.0, None))[1],
-            share_of_forward=trace.module_times.get(name, (0.0, None))[0] / forward_time
-            if forward_time
-            else 0.0,
-            flops_per_step=probe.module_flops.get(name, 0),
-        )
-        for name, child in runner.model.named_children()
-    ]
+    device_name = _device_name(m.device)
+    peak = peak_flops(device_name, _peak_dtype(request.precision)) if m.on_gpu else None
+    achieved = m.probe.flops / timing.median if timing.median > 0 else 0.0
     result = ProfileResult(
-        device=str(device) if not on_gpu else f"cuda:{torch.cuda.current_device()}",
+        device=f"cuda:{torch.cuda.current_device()}" if m.on_gpu else "cpu",
         device_name=device_name,
-        cpu_load=max((x for x in loads if x is not None), default=None),
+        cpu_load=max((x for x in m.cpu_loads if x is not None), default=None),
         mode=request.mode,
         precision=request.precision,
-        samples_per_step=timed.samples[0] if timed.samples else None,
+        samples_per_step=m.timed.samples[0] if m.timed.samples else None,
         step_time_s=timing.median,
         step_time_iqr_s=timing.iqr,
-        timing=StepTiming(
-            median_s=timing.median,
-            iqr_s=timing.iqr,
-            min_s=timing.min,
-            max_s=timing.max,
-            times_s=timed.times_s,
-            noisy=timing.noisy,
-        ),
-        throughput_samples_per_s=timed.throughput,
+        timing=StepTiming(median_s=timing.median, iqr_s=timing.iqr, min_s=timing.min, max_s=timing.max,
+                          times_s=m.timed.times_s, noisy=timing.noisy),
+        throughput_samples_per_s=m.timed.throughput,
         profiled_step_time_s=profiled.median,
         profiler_overhead_ratio=profiled.median / timing.median if timing.median > 0 else 1.0,
-        data_wait_s=sum(timed.waits_s) / len(timed.waits_s) if has_loader else None,
-        data_wait_share=timed.data_wait_share if has_loader else None,
-        flops_per_step=probe.flops,
+        data_wait_s=sum(m.timed.waits_s) / len(m.timed.waits_s) if has_loader else None,
+        data_wait_share=m.timed.data_wait_share if has_loader else None,
+        flops_per_step=m.probe.flops,
         achieved_flops_per_s=achieved,
-        attainable_flops_per_s=cal.matmul_flops_per_s,
+        attainable_flops_per_s=m.cal.matmul_flops_per_s,
         peak_flops_per_s=peak.flops_per_s if peak else None,
         peak_flops_source=f"{peak.gpu} {peak.dtype}: {peak.source}" if peak else None,
         mfu=achieved / peak.flops_per_s if peak else None,
-        bytes_moved_per_step=probe.bytes_moved,
-        arithmetic_intensity=probe.flops / probe.bytes_moved if probe.bytes_moved else 0.0,
-        attainable_bytes_per_s=cal.copy_bytes_per_s,
-        per_op_overhead_s=cal.tiny_op_s,
-        peak_memory_bytes=int(peak_memory),
-        peak_memory_kind=memory_kind,
-        ops_per_step=float(probe.ops),
-        median_op_time_s=trace.median_op_time_s,
-        top_ops=trace.top_ops,
-        op_categories=trace.categories,
-        phases=trace.phases,
-        modules=modules,
-        host_syncs=probe.syncs,
+        bytes_moved_per_step=m.probe.bytes_moved,
+        arithmetic_intensity=m.probe.flops / m.probe.bytes_moved if m.probe.bytes_moved else 0.0,
+        attainable_bytes_per_s=m.cal.copy_bytes_per_s,
+        per_op_overhead_s=m.cal.tiny_op_s,
+        peak_memory_bytes=m.peak_memory_bytes,
+        peak_memory_kind=m.memory_kind,
+        ops_per_step=float(m.probe.ops),
+        median_op_time_s=m.trace.median_op_time_s,
+        top_ops=m.trace.top_ops,
+        op_categories=m.trace.categories,
+        phases=m.trace.phases,
+        modules=_modules(m),
+        host_syncs=m.probe.syncs,
         host_syncs_per_step=syncs_per_step,
-        conv_weights_channels_last=probe.conv_weights_channels_last,
-        compile=compile_report,
-        trace_path=trace.trace_path,
+        conv_weights_channels_last=m.probe.conv_weights_channels_last,
+        compile=m.compile_report,
+        trace_path=m.trace.trace_path,
         bottleneck=verdict.bottleneck,
         shares=verdict.shares,
         evidence=verdict.evidence,
         findings=[],
         summary="",
-    )
+    )  # fmt: skip
     result.findings = findings_for(result)
     result.summary = summary_for(result)
-    job.progress(STAGES, STAGES, "done")
     return result
