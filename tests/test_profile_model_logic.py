@@ -263,6 +263,14 @@ def test_tolist_is_caught_although_no_op_is_dispatched(job):
     assert re.search(r"profile_model_scenarios\.py:\d+$", syncs[0].location)
 
 
+def test_a_step_that_fails_only_under_the_probe_still_gets_a_profile(job):
+    """The plain step ran, so a probe failure is reported as a finding and the timings still stand."""
+    result = run(request(f"{FIXTURE_MODELS}:refuses_instrumentation", mode="inference", active_steps=3), job)
+    assert "refusing to run under a profile hook" in result.probe_error
+    assert result.flops_per_step == 0 and result.step_time_s > 0
+    assert "probe_failed" in [f.code for f in result.findings]
+
+
 # -- calibration, the step, the worker --------------------------------------------------------------
 def test_the_calibration_measures_positive_rates():
     """A matmul rate, a copy rate and a tiny-op cost, from a power-of-two matmul size."""

@@ -185,6 +185,16 @@ def findings_for(r: ProfileResult) -> list[Finding]:
                 skill="performance-profiling",
             )
         )
+    if r.probe_error is not None:
+        out.append(
+            Finding(
+                severity="warning",
+                code="probe_failed",
+                message=f"Counting FLOPs, bytes and syncs failed ({r.probe_error}); those figures are 0 "
+                "and the verdict rests on the timings alone.",
+                skill="performance-profiling",
+            )
+        )
     if r.compile is not None:
         out += _compile_findings(r)
     return out

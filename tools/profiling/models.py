@@ -262,6 +262,11 @@ class ProfileResult(BaseModel):
     )
 
     compile: CompileReport | None = None
+    probe_error: str | None = Field(
+        default=None,
+        description="why the instrumented step (FLOPs, bytes, syncs) failed when the plain step did not; "
+        "those figures are then 0",
+    )
     trace_path: str | None = Field(default=None, description="where the Chrome trace was written")
 
     bottleneck: Bottleneck

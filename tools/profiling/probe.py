@@ -69,6 +69,11 @@ class Probe:
     syncs: list[HostSync]
     conv_weights_channels_last: bool | None  # None: no 4-D conv weight in the model
 
+    @classmethod
+    def empty(cls) -> Probe:
+        """Nothing counted: what the result carries when the instrumented step failed."""
+        return cls(flops=0, module_flops={}, bytes_moved=0, ops=0, syncs=[], conv_weights_channels_last=None)
+
 
 def _is_library(filename: str) -> bool:
     if filename.startswith("<"):

@@ -145,6 +145,7 @@ class _Measured:
     trace: TraceSummary
     compile_report: CompileReport | None
     cpu_loads: list[float | None]
+    probe_error: str | None
 
     @property
     def on_gpu(self) -> bool:
@@ -177,7 +178,10 @@ def _measure(request: ProfileRequest, job) -> _Measured:
     cal = calibrate(device, MATMUL_DTYPE[request.precision])
 
     job.progress(3, STAGES, "counting FLOPs, bytes, ops and host syncs over one step")
-    probe = probe_step(runner)
+    try:
+        probe, probe_error = probe_step(runner), None
+    except UserCodeError as exc:  # the same step ran clean without the probe: the probe is at fault
+        probe, probe_error = Probe.empty(), exc.message.splitlines()[0][:500]
 
     job.progress(4, STAGES, f"profiling {request.active_steps} steps with torch.profiler")
     trace = profiled_pass(
@@ -198,7 +202,17 @@ def _measure(request: ProfileRequest, job) -> _Measured:
         )
     loads.append(_cpu_load())
     return _Measured(
-        device, runner, timed, int(peak_memory), memory_kind, cal, probe, trace, compile_report, loads
+        device,
+        runner,
+        timed,
+        int(peak_memory),
+        memory_kind,
+        cal,
+        probe,
+        trace,
+        compile_report,
+        loads,
+        probe_error,
     )
 
 
@@ -282,6 +296,7 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
         host_syncs_per_step=syncs_per_step,
         conv_weights_channels_last=m.probe.conv_weights_channels_last,
         compile=m.compile_report,
+        probe_error=m.probe_error,
         trace_path=m.trace.trace_path,
         bottleneck=verdict.bottleneck,
         shares=verdict.shares,
