@@ -161,6 +161,7 @@ SCENARIOS: list[Scenario] = [
             "input_shape": [32, 64],
             "compile": True,
             "active_steps": 5,
+            "cpu_threads": 1,
         },
         expect=[
             Expect("compile.status", "eq", "ok"),
