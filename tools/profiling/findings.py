@@ -99,8 +99,13 @@ def _sync_findings(r: ProfileResult) -> list[Finding]:
         shown = ", ".join(modules[:6]) + (f" and {len(modules) - 6} more" if len(modules) > 6 else "")
         where = f" at {location}" if location else ""
         inside = f" in {shown}" if shown else ""
+        waited = (
+            f" (the host waits {format_seconds(r.sync_wait_s)} per step in CUDA syncs)"
+            if r.sync_wait_s
+            else ""
+        )
         cost = (
-            "each one stalls the host until the GPU catches up"
+            f"each one stalls the host until the GPU catches up{waited}"
             if gpu
             else "cheap on a CPU, but each one becomes a GPU sync once the model runs on CUDA"
         )

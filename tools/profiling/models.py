@@ -257,6 +257,11 @@ class ProfileResult(BaseModel):
     modules: list[ModuleTime]
     host_syncs: list[HostSync]
     host_syncs_per_step: int
+    sync_wait_s: float | None = Field(
+        default=None,
+        description="GPU: host time per step blocked in cudaStreamSynchronize/cudaDeviceSynchronize/"
+        "cudaEventSynchronize (what the syncs cost)",
+    )
     conv_weights_channels_last: bool | None = Field(
         default=None, description="whether every Conv2d weight is channels_last; None without Conv2d"
     )

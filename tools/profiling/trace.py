@@ -23,6 +23,7 @@ autograd thread are not attributed to the backward phase's device time.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections import defaultdict
@@ -190,9 +191,10 @@ def _nest(events: list[RawEvent], step_ranges: list[tuple[int, int]]) -> list[_N
 
 
 def _step_of(start_ns: int, step_ranges: list[tuple[int, int]]) -> int | None:
-    for index, (begin, end) in enumerate(step_ranges):
-        if begin <= start_ns < end:
-            return index
+    """Index of the (sorted, disjoint) step range holding this time, or None."""
+    index = bisect.bisect_right(step_ranges, (start_ns, float("inf"))) - 1
+    if index >= 0 and step_ranges[index][0] <= start_ns < step_ranges[index][1]:
+        return index
     return None
 
 
@@ -348,7 +350,10 @@ def _tables(
         CategoryTime(category=c, self_time_s=s / n, share=s / total)  # type: ignore[arg-type]
         for c, s in sorted(by_category.items(), key=lambda kv: -kv[1])
     ]
-    step_host = sum((end - begin) * 1e-9 for begin, end in step_ranges) / n or sum(t.phase_cpu.values()) / n
+    if on_gpu:  # the step's range, which ends with the sync that waits for the kernels
+        step_host = sum((end - begin) * 1e-9 for begin, end in step_ranges) / n
+    else:  # the phases, leaving out the tiny-op yardstick run after each step
+        step_host = sum(t.phase_cpu.get(p, 0.0) for p in PHASES) / n
     phases = [
         PhaseTime(
             phase=p,  # type: ignore[arg-type]

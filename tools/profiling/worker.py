@@ -294,6 +294,7 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
         modules=_modules(m),
         host_syncs=m.probe.syncs,
         host_syncs_per_step=syncs_per_step,
+        sync_wait_s=m.trace.sync_wait_s,
         conv_weights_channels_last=m.probe.conv_weights_channels_last,
         compile=m.compile_report,
         probe_error=m.probe_error,
