@@ -1,0 +1,132 @@
+"""Decide what bounds a step from measured shares of its time (no torch; plain numbers in, verdict out).
+
+Use:
+
+    verdict = classify(StepEvidence(on_gpu=False, step_time_s=0.010, data_wait_share=None,
+                                    work_fraction=0.04, flops_per_step=2e6, ...))
+    verdict.bottleneck, verdict.shares, verdict.evidence
+
+How it decides. The step's wall time splits into three measured parts: waiting on the loader
+(`data_wait`, timed without the profiler), substantial tensor work (`work`: GPU kernel time on a
+GPU; on a CPU, the self time of operator calls longer than the small-op threshold, which is 20
+times the calibrated cost of dispatching one tiny op; taken from the profiled steps as a fraction
+of their non-data time), and the rest, host overhead (Python, dispatch, launches, syncs, many tiny
+ops). The largest part wins. When it is `work`, a roofline estimate
+says which limit it is closer to: FLOPs / attainable FLOP/s (compute) against bytes moved /
+attainable bytes/s (memory bandwidth), both attainable figures measured on this machine in the
+same run. Every figure is a ratio of times measured under the same load, so the verdict holds on a
+busy machine as on a quiet one.
+
+Known limitations: bytes moved is an estimate (inputs plus outputs of every op, no cache reuse);
+FLOPs count only matmul, convolution and attention (FlopCounterMode), so a step of elementwise ops
+has near-zero compute share by construction; on a CPU host overhead and work are told apart by
+op length, so a few long ops that do neither arithmetic nor memory traffic (a sort, a Python-side
+loop inside a custom op) end as `unknown`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tools.profiling.models import Bottleneck, BottleneckShares, Evidence
+
+SMALL_OP_FACTOR = 20.0  # an op under 20x the cost of dispatching a tiny op is mostly fixed cost
+MANY_OPS_PER_STEP = 20  # fewer dispatches than this cannot make a step overhead-bound by themselves
+FAR_FROM_BOTH_LIMITS = 0.05  # work that reaches under 5% of both roofline limits is not explained by them
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """The measured facts the verdict rests on (per step, seconds, FLOPs, bytes)."""
+
+    on_gpu: bool
+    step_time_s: float  # median, without the profiler
+    data_wait_share: float | None  # next(loader) time / step time over the timed steps; None: no loader
+    work_fraction: (
+        float  # of the non-data step time: GPU kernels, or CPU op calls above the small-op threshold
+    )
+    flops_per_step: float
+    attainable_flops_per_s: float
+    bytes_per_step: float
+    attainable_bytes_per_s: float
+    ops_per_step: float
+    median_op_time_s: float
+    per_op_overhead_s: float
+    host_syncs_per_step: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    bottleneck: Bottleneck
+    shares: BottleneckShares
+    evidence: list[Evidence]
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+def _clip(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def classify(e: StepEvidence) -> Verdict:
+    """The bottleneck, the shares of step time behind it, and the evidence in words."""
+    data = _clip(e.data_wait_share) if e.data_wait_share is not None else None
+    work = (1.0 - (data or 0.0)) * _clip(e.work_fraction)
+    host = _clip(1.0 - work - (data or 0.0))
+    compute = _clip(_ratio(_ratio(e.flops_per_step, e.attainable_flops_per_s), e.step_time_s))
+    memory = _clip(_ratio(_ratio(e.bytes_per_step, e.attainable_bytes_per_s), e.step_time_s))
+    shares = BottleneckShares(
+        data_wait=data, host_overhead=host, work=work, compute=compute, memory_bandwidth=memory
+    )
+    evidence = _evidence(e, shares)
+
+    bottleneck: Bottleneck
+    if data is not None and data >= max(host, work):
+        bottleneck = "data_loading"
+    elif host >= work:
+        many_small = e.ops_per_step >= MANY_OPS_PER_STEP or e.host_syncs_per_step > 0
+        bottleneck = "cpu_overhead" if many_small else "unknown"
+    elif max(compute, memory) < FAR_FROM_BOTH_LIMITS:
+        bottleneck = "unknown"
+    else:
+        bottleneck = "compute" if compute >= memory else "memory_bandwidth"
+    return Verdict(bottleneck, shares, evidence)
+
+
+def _evidence(e: StepEvidence, s: BottleneckShares) -> list[Evidence]:
+    where = "GPU kernels" if e.on_gpu else f"ops longer than {SMALL_OP_FACTOR:g}x the tiny-op cost"
+    items = []
+    if s.data_wait is not None:
+        items.append(
+            Evidence(
+                metric="data_wait_share",
+                value=s.data_wait,
+                meaning=f"{s.data_wait:.0%} of the step waits on next(loader)",
+            )
+        )
+    items += [
+        Evidence(metric="work_share", value=s.work, meaning=f"{s.work:.0%} of the step is in {where}"),
+        Evidence(metric="host_overhead_share", value=s.host_overhead,
+                 meaning=f"{s.host_overhead:.0%} of the step is host-side overhead: Python, dispatch, "
+                 "kernel launches, syncs, tiny ops"),
+        Evidence(metric="compute_share", value=s.compute,
+                 meaning=f"the step's FLOPs would take {s.compute:.1%} of it at the attainable matmul rate"),
+        Evidence(metric="memory_share", value=s.memory_bandwidth,
+                 meaning=f"its bytes moved would take {s.memory_bandwidth:.1%} of it at the attainable copy rate"),
+        Evidence(metric="ops_per_step", value=e.ops_per_step,
+                 meaning=f"{e.ops_per_step:.0f} operator dispatches per step"),
+        Evidence(metric="median_op_time_over_dispatch_cost", value=_ratio(e.median_op_time_s, e.per_op_overhead_s),
+                 meaning=f"the median op takes {_ratio(e.median_op_time_s, e.per_op_overhead_s):.1f}x the "
+                 "cost of dispatching a tiny op"),
+    ]  # fmt: skip
+    if e.host_syncs_per_step:
+        items.append(
+            Evidence(
+                metric="host_syncs_per_step",
+                value=float(e.host_syncs_per_step),
+                meaning=f"{e.host_syncs_per_step} host reads of tensor values per step",
+            )
+        )
+    return items

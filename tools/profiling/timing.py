@@ -1,0 +1,52 @@
+"""Time steps without the profiler: perf_counter around each step, CUDA synchronized on both sides.
+
+Use `timed = time_steps(runner, warmup=3, active=10)`; `timed.times_s` are the active steps' wall
+times, `timed.waits_s` the part of each spent in next(loader), `timed.samples` the batch size of
+each. Warm-up steps run first and are not recorded (first calls allocate, pick kernels, fill caches).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tools.profiling.calibrate import synchronizer
+from tools.profiling.step import StepRunner
+
+
+@dataclass(frozen=True)
+class TimedSteps:
+    times_s: list[float]
+    waits_s: list[float]
+    samples: list[int | None]
+
+    @property
+    def data_wait_share(self) -> float:
+        """Time in next(loader) over all active steps / their total time."""
+        total = sum(self.times_s)
+        return sum(self.waits_s) / total if total > 0 else 0.0
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples per second over the active steps, when every batch has a leading size."""
+        if not self.samples or any(n is None for n in self.samples):
+            return None
+        total = sum(self.times_s)
+        return sum(n for n in self.samples if n is not None) / total if total > 0 else None
+
+
+def time_steps(runner: StepRunner, *, warmup: int, active: int) -> TimedSteps:
+    """Run warmup + active steps; return the active ones' times, loader waits and batch sizes."""
+    sync = synchronizer(runner.device)
+    for _ in range(warmup):
+        runner.checked_step()
+    sync()
+    times, waits, samples = [], [], []
+    for _ in range(active):
+        start = time.perf_counter()
+        waited = runner.checked_step()
+        sync()
+        times.append(time.perf_counter() - start)
+        waits.append(waited)
+        samples.append(runner.source.last_samples)
+    return TimedSteps(times, waits, samples)

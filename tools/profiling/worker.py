@@ -1,0 +1,310 @@
+"""profile_model's worker entry point: measure a real step, then say what bounds it.
+
+Run by the warm worker as `tools.profiling.worker:run` (the server's `profile_model` tool), or
+in-process in tests: `run(ProfileRequest(model="net.py:build", input_shape=[32, 64]), job)`.
+
+What it does, in order (each stage reports progress):
+1. builds the model, the batches (or the user's loader), the loss, the optimizer, the precision;
+2. times warmup + active steps without the profiler (CUDA synchronized) -> median, IQR, loader wait,
+   peak memory;
+3. measures what this machine attains now: a large matmul in the step's dtype, a large copy, one
+   tiny op (calibrate.py);
+4. runs one step under FlopCounterMode and a counting dispatch mode -> FLOPs, bytes moved, op
+   dispatches, host syncs with their module and source line (probe.py);
+5. runs 1 + active steps under torch.profiler -> top ops, categories, phases, module times, the
+   profiler's own overhead, and the optional Chrome trace (trace.py);
+6. optionally times torch.compile(model) (compiled.py);
+7. classifies the bottleneck (classify.py) and writes findings and a summary (findings.py).
+
+Known limitations: peak memory on a CPU is the growth of the process's resident set over the
+baseline taken before the model was built (it includes allocator caching and the loader's
+prefetched batches in this process); the step is the tool's own loop (see step.py), so a
+training loop's extra work (logging, gradient clipping, schedulers) is not in it unless the
+model or the loss does it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch._dynamo  # noqa: F401 - optimizers and FlopCounterMode import it on first use (~2 s): preload it
+
+from tools.profiling.calibrate import Calibration, calibrate
+from tools.profiling.classify import SMALL_OP_FACTOR, StepEvidence, classify
+from tools.profiling.compiled import compare_compiled
+from tools.profiling.findings import findings_for, summary_for
+from tools.profiling.models import CompileReport, ModuleTime, ProfileRequest, ProfileResult, StepTiming
+from tools.profiling.peaks import PeakDType, peak_flops
+from tools.profiling.probe import Probe, probe_step
+from tools.profiling.stats import summarize
+from tools.profiling.step import MATMUL_DTYPE, StepRunner, build_step, top_level_modules
+from tools.profiling.timing import TimedSteps, time_steps
+from tools.profiling.trace import TraceSummary, profiled_pass
+from tools.runner.errors import UserCodeError
+
+PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step lets the profiler settle
+STAGES = 7
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak seen is this run's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def resolve_trace_path(trace_path: str | None, job) -> Path | None:
+    """Absolute path for the trace, refused outside the allowed roots; its folder is created."""
+    if trace_path is None:
+        return None
+    path = Path(trace_path).expanduser()
+    path = Path(os.path.realpath(path if path.is_absolute() else Path(job.cwd) / path))
+    roots = [Path(os.path.realpath(r)) for r in job.allowed_roots]
+    if roots and not any(path == r or path.is_relative_to(r) for r in roots):
+        allowed = ", ".join(str(r) for r in roots)
+        raise UserCodeError(
+            "bad_request",
+            f"trace_path {path} is outside the allowed roots ({allowed}); write it under one of them",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    return f"cpu: {model} ({torch.get_num_threads()} threads)"
+
+
+def _peak_dtype(precision: str) -> PeakDType:
+    if precision in ("bf16", "bf16_autocast"):
+        return "bf16"
+    if precision in ("fp16", "fp16_autocast"):
+        return "fp16"
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def _cpu_load() -> float | None:
+    """1-minute load average per usable core, or None where the OS does not say."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        return os.getloadavg()[0] / max(cores, 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def run(request: ProfileRequest, job) -> ProfileResult:
+    """Profile the step the request describes; see the module docstring for the stages."""
+    threads = torch.get_num_threads()
+    if request.cpu_threads is not None:
+        torch.set_num_threads(request.cpu_threads)
+    try:
+        measured = _measure(request, job)
+    finally:
+        torch.set_num_threads(threads)
+    job.progress(STAGES - 1, STAGES, "classifying the bottleneck")
+    result = _result(request, measured)
+    job.progress(STAGES, STAGES, "done")
+    return result
+
+
+@dataclass
+class _Measured:
+    device: torch.device
+    runner: StepRunner
+    timed: TimedSteps
+    peak_memory_bytes: int
+    memory_kind: str
+    cal: Calibration
+    probe: Probe
+    trace: TraceSummary
+    compile_report: CompileReport | None
+    cpu_loads: list[float | None]
+    probe_error: str | None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def _measure(request: ProfileRequest, job) -> _Measured:
+    loads = [_cpu_load()]
+    device = torch.device("cuda" if job.device == "cuda" else "cpu")
+    on_gpu = device.type == "cuda"
+    trace_path = resolve_trace_path(request.trace_path, job)
+
+    job.progress(0, STAGES, "building the model, the batches and the step")
+    baseline_rss = _proc_status_bytes("VmRSS") or 0
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    runner = build_step(request, job, device)
+
+    job.progress(
+        1, STAGES, f"timing {request.warmup_steps}+{request.active_steps} steps without the profiler"
+    )
+    _reset_peak_rss()
+    timed = time_steps(runner, warmup=request.warmup_steps, active=request.active_steps)
+    if on_gpu:
+        peak_memory, memory_kind = torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    else:
+        peak_memory, memory_kind = max((_proc_status_bytes("VmHWM") or 0) - baseline_rss, 0), "cpu_rss_growth"
+
+    job.progress(2, STAGES, "measuring the attainable matmul rate, copy rate and per-op cost")
+    cal = calibrate(device, MATMUL_DTYPE[request.precision])
+
+    job.progress(3, STAGES, "counting FLOPs, bytes, ops and host syncs over one step")
+    try:
+        probe, probe_error = probe_step(runner), None
+    except UserCodeError as exc:  # the same step ran clean without the probe: the probe is at fault
+        probe, probe_error = Probe.empty(), exc.message.splitlines()[0][:500]
+
+    job.progress(4, STAGES, f"profiling {request.active_steps} steps with torch.profiler")
+    trace = profiled_pass(
+        runner,
+        warmup=PROFILER_WARMUP_STEPS,
+        active=request.active_steps,
+        small_op_s=SMALL_OP_FACTOR * cal.tiny_op_s,  # used where the profiled yardstick is missing (GPU)
+        top_k=request.top_k,
+        trace_path=trace_path,
+    )
+
+    compile_report = None
+    if request.compile:
+        job.progress(5, STAGES, "compiling the model with torch.compile and timing it")
+        eager = summarize(timed.times_s).median
+        compile_report = compare_compiled(
+            runner, eager, warmup=request.warmup_steps, active=request.active_steps
+        )
+    loads.append(_cpu_load())
+    return _Measured(
+        device,
+        runner,
+        timed,
+        int(peak_memory),
+        memory_kind,
+        cal,
+        probe,
+        trace,
+        compile_report,
+        loads,
+        probe_error,
+    )
+
+
+def _modules(m: _Measured) -> list[ModuleTime]:
+    forward = next((p.cpu_time_s for p in m.trace.phases if p.phase == "forward"), 0.0)
+    out = []
+    for name, child in top_level_modules(m.runner.model):
+        host, device = m.trace.module_times.get(name, (0.0, None))
+        out.append(
+            ModuleTime(
+                name=name,
+                type=type(child).__name__,
+                forward_time_s=host,
+                forward_device_time_s=device,
+                share_of_forward=host / forward if forward else 0.0,
+                flops_per_step=m.probe.module_flops.get(name, 0),
+            )
+        )
+    return out
+
+
+def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
+    timing = summarize(m.timed.times_s)
+    profiled = summarize(m.trace.step_times_s)
+    has_loader = request.data is not None
+    syncs_per_step = sum(s.calls_per_step for s in m.probe.syncs)
+    verdict = classify(
+        StepEvidence(
+            on_gpu=m.on_gpu,
+            step_time_s=timing.median,
+            data_wait_share=m.timed.data_wait_share if has_loader else None,
+            work_fraction=m.trace.work_fraction,
+            flops_per_step=m.probe.flops,
+            attainable_flops_per_s=m.cal.matmul_flops_per_s,
+            bytes_per_step=m.probe.bytes_moved,
+            attainable_bytes_per_s=m.cal.copy_bytes_per_s,
+            ops_per_step=m.probe.ops,
+            median_op_time_s=m.trace.median_op_time_s,
+            per_op_overhead_s=m.trace.small_op_s / SMALL_OP_FACTOR,  # a tiny op timed like the others
+            host_syncs_per_step=syncs_per_step,
+        )
+    )
+    device_name = _device_name(m.device)
+    peak = peak_flops(device_name, _peak_dtype(request.precision)) if m.on_gpu else None
+    achieved = m.probe.flops / timing.median if timing.median > 0 else 0.0
+    result = ProfileResult(
+        device=f"cuda:{torch.cuda.current_device()}" if m.on_gpu else "cpu",
+        device_name=device_name,
+        cpu_load=max((x for x in m.cpu_loads if x is not None), default=None),
+        mode=request.mode,
+        precision=request.precision,
+        samples_per_step=m.timed.samples[0] if m.timed.samples else None,
+        step_time_s=timing.median,
+        step_time_iqr_s=timing.iqr,
+        timing=StepTiming(median_s=timing.median, iqr_s=timing.iqr, min_s=timing.min, max_s=timing.max,
+                          times_s=m.timed.times_s, noisy=timing.noisy),
+        throughput_samples_per_s=m.timed.throughput,
+        profiled_step_time_s=profiled.median,
+        profiler_overhead_ratio=profiled.median / timing.median if timing.median > 0 else 1.0,
+        data_wait_s=sum(m.timed.waits_s) / len(m.timed.waits_s) if has_loader else None,
+        data_wait_share=m.timed.data_wait_share if has_loader else None,
+        flops_per_step=m.probe.flops,
+        achieved_flops_per_s=achieved,
+        attainable_flops_per_s=m.cal.matmul_flops_per_s,
+        peak_flops_per_s=peak.flops_per_s if peak else None,
+        peak_flops_source=f"{peak.gpu} {peak.dtype}: {peak.source}" if peak else None,
+        mfu=achieved / peak.flops_per_s if peak else None,
+        bytes_moved_per_step=m.probe.bytes_moved,
+        arithmetic_intensity=m.probe.flops / m.probe.bytes_moved if m.probe.bytes_moved else 0.0,
+        attainable_bytes_per_s=m.cal.copy_bytes_per_s,
+        per_op_overhead_s=m.cal.tiny_op_s,
+        peak_memory_bytes=m.peak_memory_bytes,
+        peak_memory_kind=m.memory_kind,
+        ops_per_step=float(m.probe.ops),
+        median_op_time_s=m.trace.median_op_time_s,
+        top_ops=m.trace.top_ops,
+        op_categories=m.trace.categories,
+        phases=m.trace.phases,
+        modules=_modules(m),
+        host_syncs=m.probe.syncs,
+        host_syncs_per_step=syncs_per_step,
+        sync_wait_s=m.trace.sync_wait_s,
+        conv_weights_channels_last=m.probe.conv_weights_channels_last,
+        compile=m.compile_report,
+        probe_error=m.probe_error,
+        trace_path=m.trace.trace_path,
+        bottleneck=verdict.bottleneck,
+        shares=verdict.shares,
+        evidence=verdict.evidence,
+        findings=[],
+        summary="",
+    )  # fmt: skip
+    result.findings = findings_for(result)
+    result.summary = summary_for(result)
+    return result
