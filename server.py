@@ -37,7 +37,13 @@ from pydantic import BaseModel, Field, ValidationError
 
 from tools.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
 from tools.gradients.models import GradientRequest, GradientResult
-from tools.memory.models import EstimateMemoryRequest, EstimateMemoryResult, OptimizerName, Sharding, TargetDevice
+from tools.memory.models import (
+    EstimateMemoryRequest,
+    EstimateMemoryResult,
+    OptimizerName,
+    Sharding,
+    TargetDevice,
+)
 from tools.profiling.models import BatchInput, Optimizer, ProfileRequest, ProfileResult
 from tools.roots import AllowedRoots, PathNotAllowed
 from tools.runner.errors import WorkerError
@@ -292,6 +298,8 @@ RUNS_USER_CODE = ToolAnnotations(read_only_hint=True, destructive_hint=False, op
 # The client's MCP roots, fetched only when an argument points outside the server's roots.
 GradientRoots = client_roots_when_needed("model", "function", "inputs", "loss")
 CheckpointRoots = client_roots_when_needed("path", "model", "inputs")
+MemoryRoots = client_roots_when_needed("model", "inputs", "loss")
+ProfileRoots = client_roots_when_needed("model", "inputs", "loss", "data", "trace_path")
 
 TimeoutArg = Annotated[float, Field(gt=0, le=3600, description="seconds before the run is stopped")]
 MemoryArg = Annotated[
@@ -675,6 +683,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         device: DeviceArg = "auto",
         timeout_s: TimeoutArg = 600,
         memory_limit_gib: MemoryArg = None,
+        client_roots: MemoryRoots = None,
     ) -> EstimateMemoryResult:
         """Estimate peak GPU (or CPU) memory of one training or inference step, without a GPU and without
         allocating the model: the factory and one step run on fake tensors, so a 7B model is estimated on a
@@ -712,6 +721,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             memory_limit_gib=memory_limit_gib,
             device=device,
             check_paths=paths,
+            client_roots=client_roots,
         )
         return EstimateMemoryResult.model_validate(result)
 
@@ -765,6 +775,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         device: DeviceArg = "auto",
         timeout_s: TimeoutArg = 300,
         memory_limit_gib: MemoryArg = None,
+        client_roots: ProfileRoots = None,
     ) -> ProfileResult:
         """Measure a real training or inference step of the user's model and say what bounds it.
 
@@ -803,8 +814,10 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             memory_limit_gib=memory_limit_gib,
             device=device,
             check_paths=request.named_paths(),
+            client_roots=client_roots,
         )
         return ProfileResult.model_validate(result)
+
 
 # ------------------------------------------------------------------------------------------------
 # Command line

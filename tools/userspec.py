@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 DType = Literal["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
 Device = Literal["auto", "cpu", "cuda"]
+Mode = Literal["train", "inference"]
+Precision = Literal["fp32", "bf16", "fp16", "bf16_autocast", "fp16_autocast"]  # *_autocast: fp32 weights
 
 _MODULE_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _ATTR_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")

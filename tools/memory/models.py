@@ -12,11 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from tools.results import Finding, RunInfo
-from tools.userspec import ModelInputs
+from tools.userspec import Mode, ModelInputs, Precision
 
-Mode = Literal["train", "inference"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "none"]
-Precision = Literal["fp32", "bf16", "fp16", "bf16_autocast", "fp16_autocast"]
 Sharding = Literal["none", "ddp", "zero1", "zero2", "fsdp"]
 TargetDevice = Literal["cuda", "cpu"]
 Phase = Literal["forward", "backward", "optimizer_step", "setup", "end"]

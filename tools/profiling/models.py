@@ -12,10 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tools.results import Finding, RunInfo
-from tools.userspec import CodeRef, ModelInputs
+from tools.userspec import CodeRef, Mode, ModelInputs, Precision
 
-Mode = Literal["train", "inference"]
-Precision = Literal["fp32", "bf16", "fp16", "bf16_autocast", "fp16_autocast"]
 Optimizer = Literal["adamw", "sgd"]
 BatchInput = Literal["whole", "first"]
 Bottleneck = Literal["data_loading", "cpu_overhead", "compute", "memory_bandwidth", "unknown"]
