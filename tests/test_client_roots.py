@@ -20,7 +20,9 @@ def _outside_model(tmp_path: Path) -> str:
 async def test_a_model_outside_every_root_is_refused_with_the_roots_named(tmp_path: Path):
     """Without a root covering the file, the call fails before any code runs and says how to fix it."""
     async with Client(build_server(prewarm=False)) as client:
-        result = await client.call_tool("check_gradients", {"model": _outside_model(tmp_path), "input_shape": [3, 4]})
+        result = await client.call_tool(
+            "check_gradients", {"model": _outside_model(tmp_path), "input_shape": [3, 4]}
+        )
     assert result.is_error
     text = result.content[0].text
     assert "outside the allowed roots" in text and str(Path.cwd()) in text and "--allow" in text
@@ -35,9 +37,13 @@ async def test_a_client_root_admits_a_model_outside_the_servers_folder(tmp_path:
         return t.ListRootsResult(roots=[t.Root(uri=tmp_path.as_uri(), name="workspace")])
 
     async with Client(build_server(), list_roots_callback=list_roots) as client:
-        inside = await client.call_tool("check_gradients", {"model": "tests/fixtures/gradient_zoo.py:healthy_mlp", "input_shape": [4, 8]})
+        inside = await client.call_tool(
+            "check_gradients", {"model": "tests/fixtures/gradient_zoo.py:healthy_mlp", "input_shape": [4, 16]}
+        )
         assert not inside.is_error and not asked  # no round trip when the server's own roots suffice
-        outside = await client.call_tool("check_gradients", {"model": _outside_model(tmp_path), "input_shape": [3, 4]})
+        outside = await client.call_tool(
+            "check_gradients", {"model": _outside_model(tmp_path), "input_shape": [3, 4]}
+        )
     assert not outside.is_error, outside.content[0].text
     assert asked
     assert outside.structured_content["summary"]
@@ -46,5 +52,7 @@ async def test_a_client_root_admits_a_model_outside_the_servers_folder(tmp_path:
 async def test_an_allow_flag_admits_its_folder(tmp_path: Path):
     """`--allow DIR` adds a root for every client."""
     async with Client(build_server(allow=[tmp_path])) as client:
-        result = await client.call_tool("check_gradients", {"model": _outside_model(tmp_path), "input_shape": [3, 4]})
+        result = await client.call_tool(
+            "check_gradients", {"model": _outside_model(tmp_path), "input_shape": [3, 4]}
+        )
     assert not result.is_error, result.content[0].text
