@@ -1,0 +1,30 @@
+"""Long tool calls report progress to MCP clients that ask for it."""
+
+from __future__ import annotations
+
+from mcp import Client
+
+
+async def test_profile_model_sends_progress_notifications_while_it_runs(client: Client):
+    """A client passing progress_callback sees the stages of a multi-second profile."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    result = await client.call_tool(
+        "profile_model",
+        {
+            "model": "evals/models/profile_model_scenarios.py:small_mlp",
+            "data": "evals/models/profile_model_scenarios.py:sleepy_loader",
+            "warmup_steps": 2,
+            "active_steps": 5,
+            "cpu_threads": 1,
+        },
+        progress_callback=on_progress,
+    )
+    assert not result.is_error, result.content[0].text
+    assert len(seen) >= 2
+    assert all(total is not None and 0 <= done <= total for done, total, _ in seen)
+    assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+    assert any(message for _, _, message in seen)
