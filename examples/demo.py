@@ -1,0 +1,134 @@
+"""What the torch-skills tools find on examples/tiny_lm.py: run `python server.py --demo`.
+
+It starts the real server in-process (the same code a client talks to over stdio), calls each
+tool through an MCP client the way an agent would, and prints what each one found. The
+checkpoints it inspects are written to examples/.demo/ first: a DDP-prefixed state dict and a
+pickle that would run a shell command if anyone unpickled it (nobody does).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+REPO = Path(__file__).resolve().parents[1]
+LM = "examples/tiny_lm.py"
+DEMO_DIR = REPO / "examples" / ".demo"
+
+
+def _write_checkpoints() -> tuple[Path, Path]:
+    """A DDP-style training checkpoint and a malicious pickle; built in a subprocess (torch lives there)."""
+    DEMO_DIR.mkdir(exist_ok=True)
+    script = f"""
+import sys, torch
+sys.path.insert(0, {str(REPO)!r})
+from examples.tiny_lm import build
+model = build()
+opt = torch.optim.AdamW(model.parameters())
+state = {{"module." + k: v for k, v in model.state_dict().items()}}  # saved from a DDP wrapper
+torch.save({{"model": state, "optimizer": opt.state_dict(), "epoch": 3}}, {str(DEMO_DIR / "ddp_run.pt")!r})
+
+class Payload:
+    def __reduce__(self):
+        import os
+        return (os.system, ("echo this would have run on your machine",))
+
+torch.save({{"weights": model.state_dict(), "extra": Payload()}}, {str(DEMO_DIR / "downloaded.pt")!r})
+"""
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO)
+    return DEMO_DIR / "ddp_run.pt", DEMO_DIR / "downloaded.pt"
+
+
+def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: list[str]) -> None:
+    print(f"\n== {title}  ({seconds:.1f} s)")
+    args = ", ".join(f"{k}={v!r}" for k, v in call.items())
+    print(f"   call: {args}")
+    if result.is_error:
+        print(f"   tool error: {result.content[0].text[:400]}")
+        return
+    data = result.structured_content
+    print(f"   summary: {data.get('summary')}")
+    for line in extra:
+        print(f"   {line}")
+    for finding in data.get("findings", [])[:4]:
+        print(
+            f"   - [{finding['severity']}] {finding['code']}: {finding['message'][:160]} (skill: {finding['skill']})"
+        )
+
+
+async def _demo() -> None:
+    from mcp import Client
+
+    from server import build_server
+
+    ddp_ckpt, bad_ckpt = _write_checkpoints()
+    inputs = {"inputs": f"{LM}:make_inputs", "loss": f"{LM}:loss_fn"}
+    async with Client(build_server(allow=[REPO])) as client:
+        started = time.perf_counter()
+        routed = await client.call_tool("route", {"query": "my loss goes NaN after I enabled fp16 autocast"})
+        r = routed.structured_content
+        print(f"== route  ({time.perf_counter() - started:.2f} s)")
+        print("   query: 'my loss goes NaN after I enabled fp16 autocast'")
+        print(f"   skills: {r['skills']}  tools: {r['tools']}  confidence: {r['confidence']}")
+
+        calls = [
+            ("check_gradients", {"model": f"{LM}:build_buggy", **inputs}),
+            ("profile_model", {"model": f"{LM}:build_buggy", **inputs, "cpu_threads": 1}),
+            (
+                "estimate_memory",
+                {
+                    "model": f"{LM}:build",
+                    "model_kwargs": {"layers": 24, "width": 2048, "heads": 16},
+                    **inputs,
+                    "batch_size": 16,
+                    "precision": "bf16_autocast",
+                    "device_memory_gib": 24,
+                },
+            ),
+            ("verify_checkpoint", {"path": str(ddp_ckpt.relative_to(REPO)), "model": f"{LM}:build"}),
+            ("verify_checkpoint", {"path": str(bad_ckpt.relative_to(REPO))}),
+        ]
+        for tool, args in calls:
+            started = time.perf_counter()
+            result = await client.call_tool(tool, args)
+            elapsed = time.perf_counter() - started
+            extra: list[str] = []
+            data = result.structured_content or {}
+            if tool == "check_gradients" and data.get("nonfinite"):
+                nf = data["nonfinite"]
+                extra.append(
+                    f"first non-finite value: {nf.get('phase')} pass, module {nf.get('module')!r}, op {nf.get('op')}"
+                )
+            if tool == "profile_model" and not result.is_error:
+                extra.append(
+                    f"bottleneck: {data['bottleneck']}, step {data['step_time_s'] * 1e3:.1f} ms, "
+                    f"{data['host_syncs_per_step']} host syncs per step"
+                )
+            if tool == "estimate_memory" and not result.is_error:
+                extra.append(
+                    f"peak allocated {data['peak_allocated_bytes'] / 2**30:.2f} GiB in {data['peak_phase']}, "
+                    f"fits 24 GiB: {data['fits']}, largest batch that fits: {data['max_batch_size']}"
+                )
+            if tool == "verify_checkpoint" and not result.is_error:
+                extra.append(
+                    f"safe: {data['safe']}, format: {data['format']}, missing for resume: {data['missing_for_resume']}"
+                )
+            _show(tool, args, result, elapsed, extra)
+
+
+def run_demo() -> int:
+    """Entry point of `python server.py --demo`."""
+    os.chdir(REPO)  # the example paths are relative to the repository, the server's root
+    anyio.run(_demo)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo())
