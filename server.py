@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import jinja2
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
@@ -75,6 +75,10 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 `verify_checkpoint` (is a checkpoint safe, complete, does it fit the model). Models are given as
 'path/to/file.py:factory'. Clients without the Skills extension can use `list_skills` and
 `get_skill`."""
+
+# Seconds after start-up before the torch worker is started: the handshake and tools/list come
+# first (bench/startup.py), and an agent's first tool call comes later than that.
+PREWARM_DELAY_S = 1.0
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
 WORKER_PRELOAD = (
@@ -336,7 +340,7 @@ def build_server(
     async def lifespan(_: MCPServer) -> AsyncIterator[ServerState]:
         async with WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD) as pool:
             if prewarm:
-                pool.prewarm()
+                pool.prewarm(delay_s=PREWARM_DELAY_S)
             yield ServerState(pack, roots, pool, memory_limit)
 
     mcp = MCPServer(
@@ -431,17 +435,20 @@ def _register_route(mcp: MCPServer, pack: SkillPack) -> None:
         return router.route(query)
 
 
-PROMPT_TEMPLATE = jinja2.Template(
-    """\
+PROMPT_TEXT = """\
 Use the PyTorch skill `{{ name }}` for this problem. Read skill://{{ name }}/SKILL.md first (or call
 get_skill("{{ name }}")) and follow it: diagnose before changing code
 {%- if tools %}, starting with the {{ tools | join(" / ") }} tool on my code{% endif %}, then propose the
 smallest fix and say how to confirm it worked.
 
-My problem: {{ problem }}""",
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=False,
-)
+My problem: {{ problem }}"""
+
+
+@functools.cache
+def _prompt_template() -> Any:
+    import jinja2  # only when a prompt is rendered: keeps start-up lean
+
+    return jinja2.Template(PROMPT_TEXT, undefined=jinja2.StrictUndefined)
 
 
 def _prompt_renderer(name: str, tools: list[str]):
@@ -450,7 +457,7 @@ def _prompt_renderer(name: str, tools: list[str]):
             str, Field(description="the symptom, error message or question, in your own words")
         ],
     ) -> str:
-        return PROMPT_TEMPLATE.render(name=name, tools=tools, problem=problem)
+        return _prompt_template().render(name=name, tools=tools, problem=problem)
 
     return render
 

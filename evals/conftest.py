@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,28 +10,16 @@ from mcp import Client
 
 from evals import scoring
 from server import build_server
+from tests.owned import entered_in_own_task
 
 REPORT = Path(__file__).with_name("report.md")
-
-
-async def _hold(ready: asyncio.Future, done: asyncio.Event) -> None:
-    async with Client(build_server()) as c:  # one task owns the client's cancel scopes
-        ready.set_result(c)
-        await done.wait()
 
 
 @pytest.fixture(scope="session")
 async def client() -> AsyncIterator[Client]:
     """An in-memory client on the real server, shared by every eval."""
-    ready: asyncio.Future = asyncio.get_running_loop().create_future()
-    done = asyncio.Event()
-    task = asyncio.create_task(_hold(ready, done))
-    await asyncio.wait({ready, task}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        task.result()
-    yield ready.result()
-    done.set()
-    await task
+    async with entered_in_own_task(lambda: Client(build_server())) as c:
+        yield c
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

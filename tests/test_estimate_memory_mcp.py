@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
+from tools.results import SkillName
+
 MODELS = "tests/fixtures/memory_models.py"
-SKILLS = {
-    "using-pytorch-engineering",
-    "tensor-operations-and-memory",
-    "module-design-patterns",
-    "distributed-training-strategies",
-    "mixed-precision-and-optimization",
-    "performance-profiling",
-    "debugging-techniques",
-    "checkpointing-and-reproducibility",
-    "custom-autograd-functions",
-}
+SKILLS = set(get_args(SkillName))
 LLAMA_7B_PARAMS = (
     6_738_415_616  # 32000*4096*2 (embedding, output) + 32 * (4*4096^2 + 3*4096*11008 + 2*4096) + 4096
 )

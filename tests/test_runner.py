@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -12,27 +11,22 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.owned import entered_in_own_task
 from tools.runner.errors import WorkerError
 from tools.runner.pool import WorkerPool
 
 JOBS = "tests.fixtures.jobs"
 
 
-async def _hold_pool(ready: asyncio.Future, done: asyncio.Event) -> None:
-    async with WorkerPool(max_concurrent=2, preload=(JOBS,)) as pool:
-        pool.prewarm()
-        ready.set_result(pool)
-        await done.wait()
+def _prewarmed_pool() -> WorkerPool:
+    return WorkerPool(max_concurrent=2, preload=(JOBS,))
 
 
 @pytest.fixture(scope="module")
 async def pool() -> AsyncIterator[WorkerPool]:
-    ready: asyncio.Future = asyncio.get_running_loop().create_future()
-    done = asyncio.Event()
-    task = asyncio.create_task(_hold_pool(ready, done))
-    yield await asyncio.wait_for(asyncio.shield(ready), 60)
-    done.set()
-    await task
+    async with entered_in_own_task(_prewarmed_pool) as pool:
+        pool.prewarm()
+        yield pool
 
 
 def _gone(pid: int) -> bool:

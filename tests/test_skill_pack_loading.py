@@ -5,21 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
+from tools.results import SkillName
 from tools.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack, SkillPathError, UnknownSkill
 
-SPECIALISTS = {
-    "tensor-operations-and-memory",
-    "module-design-patterns",
-    "distributed-training-strategies",
-    "mixed-precision-and-optimization",
-    "performance-profiling",
-    "debugging-techniques",
-    "checkpointing-and-reproducibility",
-    "custom-autograd-functions",
-}
+SPECIALISTS = set(get_args(SkillName)) - {ROUTER_NAME}
 
 
 @pytest.fixture()

@@ -128,10 +128,18 @@ class WorkerPool:
                     process.kill()
                     await process.wait()
 
-    def prewarm(self) -> None:
-        """Start the warm worker in the background so the first call does not pay for `import torch`."""
+    def prewarm(self, delay_s: float = 0.0) -> None:
+        """Start the warm worker in the background so the first call does not pay for `import torch`.
+
+        `delay_s` lets the server answer its handshake first: importing torch takes a core for
+        about two seconds, which would otherwise compete with start-up. A call that arrives
+        earlier starts the worker itself."""
         if self._task_group is not None and self._process is None:
-            self._task_group.start_soon(self._ensure_started)
+            self._task_group.start_soon(self._start_after, delay_s)
+
+    async def _start_after(self, delay_s: float) -> None:
+        await anyio.sleep(delay_s)
+        await self._ensure_started()
 
     @property
     def worker_info(self) -> dict[str, Any]:
