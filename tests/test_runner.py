@@ -169,3 +169,12 @@ async def test_the_warm_worker_is_restarted_after_it_dies(pool: WorkerPool):
     job = await pool.run(f"{JOBS}:echo", {}, timeout_s=60)
     assert job.result["sum"] == 4.0
     assert pool.worker_info["pid"] != worker_pid
+
+
+async def test_the_warm_worker_stays_single_threaded_after_preloading_every_tool():
+    """fork() is only safe from one thread: no preload or warm_up may leave threads (OpenMP, ...) behind."""
+    from server import WORKER_PRELOAD
+
+    async with WorkerPool(preload=WORKER_PRELOAD) as pool:
+        await pool.run(f"{JOBS}:echo", {}, timeout_s=120)
+        assert len(os.listdir(f"/proc/{pool.worker_info['pid']}/task")) == 1
