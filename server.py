@@ -298,6 +298,10 @@ LossArg = Annotated[
 ]
 DeviceArg = Annotated[Device, Field(description="'auto' uses CUDA when present")]
 RUNS_USER_CODE = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+# profile_model may write a trace file (trace_path), so it is not read-only; it never overwrites user data
+RUNS_USER_CODE_WRITES_TRACE = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, open_world_hint=False
+)
 
 # The client's MCP roots, fetched only when an argument points outside the server's roots.
 GradientRoots = client_roots_when_needed("model", "function", "inputs", "loss")
@@ -733,7 +737,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
         return EstimateMemoryResult.model_validate(result)
 
     # -- profile_model --
-    @mcp.tool(annotations=RUNS_USER_CODE)
+    @mcp.tool(annotations=RUNS_USER_CODE_WRITES_TRACE)
     async def profile_model(
         model: ModelArg,
         ctx: Context,
