@@ -497,7 +497,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
 
     Each one follows the same three steps: build its request model (a `ModelInputs` subclass from
     `tools/<tool>/models.py`) inside `anticipated_errors()`, `run_in_worker(ctx,
-    "tools.<tool>.worker:run", request, ..., check_paths=[...every file it names...])`, and
+    "tools.<tool>.worker:run", request, ..., check_paths=request.named_paths())`, and
     validate the returned dict into its result model (which has a `run: RunInfo | None` field).
     """
 
@@ -566,7 +566,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             timeout_s=timeout_s,
             memory_limit_gib=memory_limit_gib,
             device=device,
-            check_paths=[ref.path for ref in request.code_refs() if ref.path is not None],
+            check_paths=request.named_paths(),
             client_roots=client_roots,
         )
         return GradientResult.model_validate(result)
@@ -630,7 +630,6 @@ def _register_torch_tools(mcp: MCPServer) -> None:
                 allow_numpy=allow_numpy,
                 device=device,
             )
-        code_files = [ref.path for ref in request.code_refs() if ref.path is not None]
         result = await run_in_worker(
             ctx,
             "tools.checkpoint.worker:run",
@@ -638,7 +637,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             timeout_s=timeout_s,
             memory_limit_gib=memory_limit_gib,
             device=device,
-            check_paths=[path, *code_files],
+            check_paths=request.named_paths(),
             client_roots=client_roots,
         )
         with anticipated_errors():
@@ -723,7 +722,6 @@ def _register_torch_tools(mcp: MCPServer) -> None:
                 device_memory_gib=device_memory_gib,
                 target_device=target_device,
             )
-        paths = [ref.path for ref in request.code_refs() if ref.path is not None]
         result = await run_in_worker(
             ctx,
             "tools.memory.worker:run",
@@ -731,7 +729,7 @@ def _register_torch_tools(mcp: MCPServer) -> None:
             timeout_s=timeout_s,
             memory_limit_gib=memory_limit_gib,
             device=device,
-            check_paths=paths,
+            check_paths=request.named_paths(),
             client_roots=client_roots,
         )
         return EstimateMemoryResult.model_validate(result)

@@ -178,3 +178,14 @@ async def test_the_warm_worker_stays_single_threaded_after_preloading_every_tool
     async with WorkerPool(preload=WORKER_PRELOAD) as pool:
         await pool.run(f"{JOBS}:echo", {}, timeout_s=120)
         assert len(os.listdir(f"/proc/{pool.worker_info['pid']}/task")) == 1
+
+
+async def test_progress_from_a_call_that_ends_before_the_first_poll_still_arrives(pool: WorkerPool):
+    """The relay reads the progress file once more after the job exits, so no line is lost."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, total, message))
+
+    await pool.run(f"{JOBS}:echo", {}, timeout_s=30, on_progress=on_progress)
+    assert seen == [(1.0, 2, "half way")]

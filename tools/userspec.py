@@ -11,7 +11,6 @@ or `package.module:name` (an importable module). `name` may be dotted (`Net.from
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -124,12 +123,7 @@ class ModelInputs(BaseModel):
         refs += [CodeRef.parse(r) for r in (self.inputs, self.loss) if r is not None]
         return refs
 
-
-def referenced_files(refs: list[CodeRef], cwd: Path) -> list[Path]:
-    """Absolute file paths that file-style references point at (module references are checked in the worker)."""
-    out = []
-    for ref in refs:
-        if ref.path is not None:
-            p = Path(ref.path)
-            out.append(p if p.is_absolute() else cwd / p)
-    return out
+    def named_paths(self) -> list[str]:
+        """Every file path the request names, for the allowed-roots check (module references are
+        checked in the worker). Requests with path fields of their own extend it."""
+        return [ref.path for ref in self.code_refs() if ref.path is not None]

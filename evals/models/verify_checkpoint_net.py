@@ -12,24 +12,16 @@ it exists so the eval can check that the tool names it without running it.
 
 from __future__ import annotations
 
-import json
 import struct
+import sys
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root, also when run as a script
 
-
-class TinyNet(torch.nn.Module):
-    def __init__(self, hidden: int = 16):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, hidden)
-        self.norm = torch.nn.BatchNorm1d(hidden)
-        self.fc2 = torch.nn.Linear(hidden, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.norm(self.fc1(x))))
+from tests.fixtures.checkpoint_models import TinyNet  # noqa: E402  (the net the tests use too)
 
 
 def build() -> TinyNet:
@@ -45,19 +37,9 @@ def make_inputs(batch_size: int = 2) -> torch.Tensor:
     return torch.randn(batch_size, 8, generator=torch.Generator().manual_seed(0))
 
 
-def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    header, chunks, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(chunks))
-
-
 def write_files() -> None:
+    from tests.fixtures.checkpoint_corpus import write_safetensors
+
     torch.manual_seed(0)
     net = TinyNet()
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -75,7 +57,7 @@ def write_files() -> None:
     )
     weights = {k: v.clone() for k, v in net.state_dict().items() if v.is_floating_point()}
     weights["fc1.weight"][0, 0] = float("nan")
-    _write_safetensors(HERE / "verify_checkpoint_nan.safetensors", weights)
+    write_safetensors(HERE / "verify_checkpoint_nan.safetensors", weights)
     # builtins.exec("print('verify_checkpoint eval payload')"), protocol 2, written opcode by opcode
     code = b"print('verify_checkpoint eval payload')"
     payload = b"\x80\x02cbuiltins\nexec\nX" + struct.pack("<I", len(code)) + code + b"\x85R."

@@ -94,6 +94,10 @@ class VerifyCheckpointRequest(ModelInputs):
     def code_refs(self) -> list[CodeRef]:
         return [CodeRef.parse(r) for r in (self.model, self.inputs, self.loss) if r is not None]
 
+    def named_paths(self) -> list[str]:
+        """The checkpoint and every code file, for the allowed-roots check."""
+        return [self.path, *super().named_paths()]
+
 
 class UnsafeGlobal(BaseModel):
     source: str = Field(description="file, and member inside it ('ckpt.pt::archive/data.pkl')")

@@ -26,24 +26,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from tools.checkpoint.allowlist import words
 from tools.checkpoint.models import OptimizerCheck, OptimizerShapeMismatch, ResumeCheck, ResumeRole, RoleFound
 from tools.checkpoint.tree import is_tensor_mapping, leaf_info, walk
 
-RESUME_ROLES: tuple[ResumeRole, ...] = (
-    "model",
-    "optimizer",
-    "scheduler",
-    "grad_scaler",
-    "epoch_or_step",
-    "rng_torch",
-    "rng_cuda",
-    "rng_numpy",
-    "rng_python",
-    "sampler",
-)
+RESUME_ROLES: tuple[ResumeRole, ...] = get_args(ResumeRole)
 
 _NAMES: dict[ResumeRole, set[str]] = {
     "model": set(

@@ -100,7 +100,7 @@ class ProfileRequest(ModelInputs):
 
     def named_paths(self) -> list[str]:
         """Every file path the request names (code files and the trace), for the allowed-roots check."""
-        paths = [ref.path for ref in self.code_refs() if ref.path is not None]
+        paths = super().named_paths()
         if self.trace_path is not None:
             paths.append(self.trace_path)
         return paths

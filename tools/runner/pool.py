@@ -295,8 +295,7 @@ class WorkerPool:
                 async with anyio.create_task_group() as tg:
                     if on_progress is not None:
                         tg.start_soon(self._relay_progress, job_dir, pending, on_progress)
-                    await pending.exited.wait()
-                    tg.cancel_scope.cancel()
+                    await pending.exited.wait()  # the relay then reads what is left and returns
             if deadline.cancelled_caught:
                 stopped_for = "timeout"
         except BaseException:
@@ -327,8 +326,11 @@ class WorkerPool:
     async def _relay_progress(self, job_dir: Path, pending: _Pending, callback: ProgressCallback) -> None:
         path = job_dir / protocol.PROGRESS_FILE
         offset = 0
-        while not pending.exited.is_set():
-            await anyio.sleep(0.25)
+        finished = False
+        while not finished:
+            with anyio.move_on_after(0.25):
+                await pending.exited.wait()
+            finished = pending.exited.is_set()  # one last read after the exit: no line is lost
             try:
                 with open(path, "rb") as f:
                     f.seek(offset)
