@@ -8,12 +8,12 @@ Run:
 For each model of tests/fixtures/memory_models.py (ZOO), in train (Adam) and inference, in fp32
 and bf16 autocast, it prints the measured peak, the estimate and the relative error of:
 
-- estimate: estimate_memory's fake-tensor trace (`tools.memory.trace` + `tools.memory.estimate`);
+- estimate: estimate_memory's fake-tensor trace (`torch_skills.memory.trace` + `torch_skills.memory.estimate`);
 - weights x4 (train) / x1 (inference): the "4 bytes of state per weight byte for Adam" rule;
 - summary: parameters + 2 x the sum of every leaf module's output + the input, the
   torchsummary-style "forward/backward pass size" figure.
 
-Ground truth (`tools.memory.groundtruth`, which shares no counting code with the estimate):
+Ground truth (`torch_skills.memory.groundtruth`, which shares no counting code with the estimate):
 on CUDA, `torch.cuda.max_memory_allocated()` after `reset_peak_memory_stats()` in a fresh
 process per case (the allocator starts empty); on CPU, the peak of live bytes in the CPU
 allocator, from the profiler's allocation events, over three real steps.
@@ -40,11 +40,11 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from tests.fixtures import memory_models as zoo  # noqa: E402
-from tools.memory.estimate import Target, estimate_trace  # noqa: E402
-from tools.memory.groundtruth import measure_real_step  # noqa: E402
-from tools.memory.overheads import local_gpu_is_hopper  # noqa: E402
-from tools.memory.trace import StepSpec, fake_mode, trace_step  # noqa: E402
-from tools.runner.usercode import default_loss  # noqa: E402
+from torch_skills.memory.estimate import Target, estimate_trace  # noqa: E402
+from torch_skills.memory.groundtruth import measure_real_step  # noqa: E402
+from torch_skills.memory.overheads import local_gpu_is_hopper  # noqa: E402
+from torch_skills.memory.trace import StepSpec, fake_mode, trace_step  # noqa: E402
+from torch_skills.runner.usercode import default_loss  # noqa: E402
 
 MiB = 2**20
 
@@ -186,9 +186,9 @@ import json, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 t0 = time.perf_counter()
-from tools.memory.models import EstimateMemoryRequest
-from tools.memory.worker import run
-from tools.runner.child import JobContext
+from torch_skills.memory.models import EstimateMemoryRequest
+from torch_skills.memory.worker import run
+from torch_skills.runner.child import JobContext
 t1 = time.perf_counter()
 req = EstimateMemoryRequest(model="tests/fixtures/memory_models.py:build_llama", model_kwargs={{"config": "7b"}},
     inputs="tests/fixtures/memory_models.py:llama7b_inputs", loss="tests/fixtures/memory_models.py:next_token_loss",

@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from server import build_server  # noqa: E402
+from torch_skills.server import build_server  # noqa: E402
 
 MODELS_FILE = REPO / "evals" / "models" / "profile_model_scenarios.py"
 WARMUP, ACTIVE = 3, 10  # the tool's defaults

@@ -15,7 +15,7 @@ its scan errors are counted apart). A benign sample flagged the same way is a fa
 Throughput is total bytes over the median wall time of `--repeat` full passes; the large-file
 table shows what each tool costs on a big torch zip and a big plain pickle of numpy arrays.
 
-Only the static scan is timed for our tool (tools.checkpoint.scan.scan_path), the part that
+Only the static scan is timed for our tool (torch_skills.checkpoint.scan.scan_path), the part that
 compares with picklescan; verify_checkpoint also loads safe files and checks their contents.
 If picklescan cannot be installed (no network), the script says so and reports our numbers alone.
 """
@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from tests.fixtures.checkpoint_corpus import Corpus, build_corpus  # noqa: E402
-from tools.checkpoint.scan import scan_path  # noqa: E402
+from torch_skills.checkpoint.scan import scan_path  # noqa: E402
 
 Scanner = Callable[[Path], tuple[bool, bool]]  # path -> (flagged, scan error)
 

@@ -9,8 +9,8 @@ import pytest
 from mcp import Client
 
 from evals import scoring
-from server import build_server
 from tests.owned import entered_in_own_task
+from torch_skills.server import build_server
 
 REPORT = Path(__file__).with_name("report.md")
 

@@ -1,49 +1,51 @@
-"""What the torch-skills tools find on examples/tiny_lm.py: run `python server.py --demo`.
+"""What the torch-skills tools find on a small language model: run `torch-skills --demo`.
 
-It starts the real server in-process (the same code a client talks to over stdio), calls each
-tool through an MCP client the way an agent would, and prints what each one found. The
-checkpoints it inspects are written to examples/.demo/ first: a DDP-prefixed state dict and a
-pickle that would run a shell command if anyone unpickled it (nobody does).
+It copies the bundled example model (`tiny_lm.py`) into a fresh temporary project folder,
+starts the real server in-process (the same code a client talks to over stdio), calls each tool
+through an MCP client the way an agent would, and prints what each one found. The checkpoints it
+inspects are written into that folder first: a DDP-prefixed training checkpoint and a pickle that
+would run a shell command if anyone unpickled it (nobody does). Works from any directory, from a
+clone or installed; the folder is removed at the end.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-REPO = Path(__file__).resolve().parents[1]
-LM = "examples/tiny_lm.py"
-DEMO_DIR = REPO / "examples" / ".demo"
+EXAMPLE = Path(__file__).resolve().parent / "tiny_lm.py"
+LM = "tiny_lm.py"
 
 
-def _write_checkpoints() -> tuple[Path, Path]:
+def _write_checkpoints(project: Path) -> tuple[Path, Path]:
     """A DDP-style training checkpoint and a malicious pickle; built in a subprocess (torch lives there)."""
-    DEMO_DIR.mkdir(exist_ok=True)
-    script = f"""
+    script = """
 import sys, torch
-sys.path.insert(0, {str(REPO)!r})
-from examples.tiny_lm import build
+sys.path.insert(0, ".")
+from tiny_lm import build
 model = build()
 opt = torch.optim.AdamW(model.parameters())
-state = {{"module." + k: v for k, v in model.state_dict().items()}}  # saved from a DDP wrapper
-torch.save({{"model": state, "optimizer": opt.state_dict(), "epoch": 3}}, {str(DEMO_DIR / "ddp_run.pt")!r})
+state = {"module." + k: v for k, v in model.state_dict().items()}  # saved from a DDP wrapper
+torch.save({"model": state, "optimizer": opt.state_dict(), "epoch": 3}, "ddp_run.pt")
 
 class Payload:
     def __reduce__(self):
         import os
         return (os.system, ("echo this would have run on your machine",))
 
-torch.save({{"weights": model.state_dict(), "extra": Payload()}}, {str(DEMO_DIR / "downloaded.pt")!r})
+torch.save({"weights": model.state_dict(), "extra": Payload()}, "downloaded.pt")
 """
-    import subprocess
-
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO)
-    return DEMO_DIR / "ddp_run.pt", DEMO_DIR / "downloaded.pt"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=project, env=env)
+    return project / "ddp_run.pt", project / "downloaded.pt"
 
 
 def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: list[str]) -> None:
@@ -63,14 +65,14 @@ def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: 
         )
 
 
-async def _demo() -> None:
+async def _demo(project: Path) -> None:
     from mcp import Client
 
-    from server import build_server
+    from torch_skills.server import build_server
 
-    ddp_ckpt, bad_ckpt = _write_checkpoints()
+    ddp_ckpt, bad_ckpt = _write_checkpoints(project)
     inputs = {"inputs": f"{LM}:make_inputs", "loss": f"{LM}:loss_fn"}
-    async with Client(build_server(allow=[REPO])) as client:
+    async with Client(build_server(allow=[project])) as client:
         started = time.perf_counter()
         routed = await client.call_tool("route", {"query": "my loss goes NaN after I enabled fp16 autocast"})
         r = routed.structured_content
@@ -92,8 +94,8 @@ async def _demo() -> None:
                     "device_memory_gib": 24,
                 },
             ),
-            ("verify_checkpoint", {"path": str(ddp_ckpt.relative_to(REPO)), "model": f"{LM}:build"}),
-            ("verify_checkpoint", {"path": str(bad_ckpt.relative_to(REPO))}),
+            ("verify_checkpoint", {"path": ddp_ckpt.name, "model": f"{LM}:build"}),
+            ("verify_checkpoint", {"path": bad_ckpt.name}),
         ]
         for tool, args in calls:
             started = time.perf_counter()
@@ -124,9 +126,17 @@ async def _demo() -> None:
 
 
 def run_demo() -> int:
-    """Entry point of `python server.py --demo`."""
-    os.chdir(REPO)  # the example paths are relative to the repository, the server's root
-    anyio.run(_demo)
+    """Entry point of `torch-skills --demo` (`python server.py --demo` in a clone)."""
+    start_dir = Path.cwd()
+    with tempfile.TemporaryDirectory(prefix="torch-skills-demo-") as tmp:
+        project = Path(tmp)
+        shutil.copy(EXAMPLE, project / EXAMPLE.name)
+        print(f"torch-skills demo: example project in {project} (removed afterwards)")
+        os.chdir(project)  # the example paths are relative to the project, the server's root
+        try:
+            anyio.run(_demo, project)
+        finally:
+            os.chdir(start_dir)
     return 0
 
 

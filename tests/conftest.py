@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from server import build_server
 from tests.owned import entered_in_own_task
+from torch_skills.server import build_server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures"

@@ -7,11 +7,11 @@ import torch
 
 from tests.fixtures.checkpoint_corpus import trained_net, training_checkpoint, write_safetensors
 from tests.fixtures.checkpoint_models import TinyNet
-from tools.checkpoint.contents import find_nonfinite, summarize_tensors
-from tools.checkpoint.fit import compare_state_dicts
-from tools.checkpoint.load import load_checkpoint
-from tools.checkpoint.resume import RESUME_ROLES, find_resume_roles, optimizer_checks
-from tools.checkpoint.scan import scan_path
+from torch_skills.checkpoint.contents import find_nonfinite, summarize_tensors
+from torch_skills.checkpoint.fit import compare_state_dicts
+from torch_skills.checkpoint.load import load_checkpoint
+from torch_skills.checkpoint.resume import RESUME_ROLES, find_resume_roles, optimizer_checks
+from torch_skills.checkpoint.scan import scan_path
 
 
 def entries(state: dict) -> dict:

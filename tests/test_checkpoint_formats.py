@@ -15,8 +15,8 @@ import torch
 
 from tests.fixtures.checkpoint_corpus import dcp_save, write_safetensors
 from tests.fixtures.checkpoint_models import TinyNet
-from tools.checkpoint.scan import scan_path
-from tools.checkpoint.zip_scan import ZipLimits, scan_zip_file
+from torch_skills.checkpoint.scan import scan_path
+from torch_skills.checkpoint.zip_scan import ZipLimits, scan_zip_file
 
 
 def codes(path: Path) -> set[str]:
@@ -288,7 +288,7 @@ def test_a_link_leaving_the_checkpoint_folder_is_not_followed(tmp_path):
 
 def test_a_data_pkl_torch_would_read_differently_is_a_parser_disagreement(tmp_path):
     """The loader compares torch's own zip reader with what the scan read; any difference stops loading."""
-    from tools.checkpoint.load import cross_check_zip
+    from torch_skills.checkpoint.load import cross_check_zip
 
     path = tmp_path / "m.pt"
     path.write_bytes(torch_zip_bytes())

@@ -32,8 +32,8 @@ from tests.fixtures.malicious.payloads import (
     short,
     text,
 )
-from tools.checkpoint.allowlist import NUMPY_DATA, TORCH_WEIGHTS_ONLY, Policy
-from tools.checkpoint.pickle_scan import HANDLED_OPCODES, ScanLimits, scan_pickle
+from torch_skills.checkpoint.allowlist import NUMPY_DATA, TORCH_WEIGHTS_ONLY, Policy
+from torch_skills.checkpoint.pickle_scan import HANDLED_OPCODES, ScanLimits, scan_pickle
 
 
 def torch_data_pkl(obj, protocol: int = 2) -> bytes:

@@ -7,7 +7,7 @@ from pathlib import Path
 import mcp_types as t
 from mcp import Client
 
-from server import build_server
+from torch_skills.server import build_server
 
 MODEL = "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n"
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from tests.fixtures import memory_models as zoo
-from tools.memory.estimate import Target, estimate_trace
-from tools.memory.groundtruth import measure_real_step
-from tools.memory.ledger import ALLOC, FREE, StorageLedger
-from tools.memory.modules import ModuleScope
-from tools.memory.timeline import replay_events
-from tools.memory.trace import StepSpec, fake_mode, trace_step
-from tools.runner.usercode import default_loss
+from torch_skills.memory.estimate import Target, estimate_trace
+from torch_skills.memory.groundtruth import measure_real_step
+from torch_skills.memory.ledger import ALLOC, FREE, StorageLedger
+from torch_skills.memory.modules import ModuleScope
+from torch_skills.memory.timeline import replay_events
+from torch_skills.memory.trace import StepSpec, fake_mode, trace_step
+from torch_skills.runner.usercode import default_loss
 
 LINEAR_PARAMS = 4096 * 4096 + 4096  # weight + bias of nn.Linear(4096, 4096)
 FP32 = 4

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tools.memory.allocator import CachingAllocatorModel, round_size, segment_size
+from torch_skills.memory.allocator import CachingAllocatorModel, round_size, segment_size
 
 MiB = 2**20
 

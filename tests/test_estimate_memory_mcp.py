@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from tools.results import SkillName
+from torch_skills.results import SkillName
 
 MODELS = "tests/fixtures/memory_models.py"
 SKILLS = set(get_args(SkillName))

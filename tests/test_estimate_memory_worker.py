@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.fixtures import memory_models as zoo
-from tools.memory.estimate import Target, estimate_trace
-from tools.memory.groundtruth import measure_real_step
-from tools.memory.models import EstimateMemoryRequest
-from tools.memory.search import max_batch_size
-from tools.memory.trace import StepSpec, trace_step
-from tools.runner.child import JobContext
-from tools.runner.errors import UserCodeError
-from tools.runner.usercode import default_loss
+from torch_skills.memory.estimate import Target, estimate_trace
+from torch_skills.memory.groundtruth import measure_real_step
+from torch_skills.memory.models import EstimateMemoryRequest
+from torch_skills.memory.search import max_batch_size
+from torch_skills.memory.trace import StepSpec, trace_step
+from torch_skills.runner.child import JobContext
+from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.usercode import default_loss
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = "tests/fixtures/memory_models.py"
@@ -42,7 +42,7 @@ def job(tmp_path):
 
 
 def run(job, **fields):
-    from tools.memory.worker import run as run_tool
+    from torch_skills.memory.worker import run as run_tool
 
     return run_tool(EstimateMemoryRequest(**fields), job)
 

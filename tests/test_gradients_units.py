@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from tools.gradients import analysis
-from tools.gradients.models import GradientThresholds
-from tools.gradients.probe import ForwardProbe
-from tools.gradients.trace import BackwardWatch, OpTracer
+from torch_skills.gradients import analysis
+from torch_skills.gradients.models import GradientThresholds
+from torch_skills.gradients.probe import ForwardProbe
+from torch_skills.gradients.trace import BackwardWatch, OpTracer
 
 
 def test_gradient_norms_match_torch():

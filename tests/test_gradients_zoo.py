@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.gradients.models import FINDING_CODES, GradientRequest, GradientResult
-from tools.gradients.worker import run
-from tools.runner.child import JobContext
-from tools.runner.errors import UserCodeError
+from torch_skills.gradients.models import FINDING_CODES, GradientRequest, GradientResult
+from torch_skills.gradients.worker import run
+from torch_skills.runner.child import JobContext
+from torch_skills.runner.errors import UserCodeError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ZOO_FILE = REPO_ROOT / "tests" / "fixtures" / "gradient_zoo.py"

@@ -11,7 +11,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import Request, RequestParams
 from pydantic import TypeAdapter
 
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
 
 PACK = SkillPack.load(DEFAULT_SKILLS_DIR)
 _DICT = TypeAdapter(dict)

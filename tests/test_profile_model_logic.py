@@ -8,20 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.profiling.calibrate import calibrate
-from tools.profiling.categories import op_category
-from tools.profiling.classify import StepEvidence, classify
-from tools.profiling.compiled import compare_compiled
-from tools.profiling.findings import findings_for
-from tools.profiling.models import CompileReport, ProfileRequest, ProfileResult
-from tools.profiling.peaks import find_gpu, peak_flops
-from tools.profiling.probe import probe_step
-from tools.profiling.stats import summarize
-from tools.profiling.step import BatchSource, build_step
-from tools.profiling.trace import RawEvent, cpu_work_per_step, summarize_events
-from tools.profiling.worker import resolve_trace_path, run
-from tools.runner.child import JobContext
-from tools.runner.errors import UserCodeError
+from torch_skills.profiling.calibrate import calibrate
+from torch_skills.profiling.categories import op_category
+from torch_skills.profiling.classify import StepEvidence, classify
+from torch_skills.profiling.compiled import compare_compiled
+from torch_skills.profiling.findings import findings_for
+from torch_skills.profiling.models import CompileReport, ProfileRequest, ProfileResult
+from torch_skills.profiling.peaks import find_gpu, peak_flops
+from torch_skills.profiling.probe import probe_step
+from torch_skills.profiling.stats import summarize
+from torch_skills.profiling.step import BatchSource, build_step
+from torch_skills.profiling.trace import RawEvent, cpu_work_per_step, summarize_events
+from torch_skills.profiling.worker import resolve_trace_path, run
+from torch_skills.runner.child import JobContext
+from torch_skills.runner.errors import UserCodeError
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_MODELS = REPO / "evals" / "models" / "profile_model_scenarios.py"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
-from tools.skillpack.route import Router
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
+from torch_skills.skillpack.route import Router
 
 
 @pytest.fixture(scope="module")

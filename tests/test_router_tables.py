@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
-from tools.skillpack.router import RouterFormatError, parse_router
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
+from torch_skills.skillpack.router import RouterFormatError, parse_router
 
 TOOLS = {"check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"}
 

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from tests.owned import entered_in_own_task
-from tools.runner.errors import WorkerError
-from tools.runner.pool import WorkerPool
+from torch_skills.runner.errors import WorkerError
+from torch_skills.runner.pool import WorkerPool
 
 JOBS = "tests.fixtures.jobs"
 
@@ -173,7 +173,7 @@ async def test_the_warm_worker_is_restarted_after_it_dies(pool: WorkerPool):
 
 async def test_the_warm_worker_stays_single_threaded_after_preloading_every_tool():
     """fork() is only safe from one thread: no preload or warm_up may leave threads (OpenMP, ...) behind."""
-    from server import WORKER_PRELOAD
+    from torch_skills.server import WORKER_PRELOAD
 
     async with WorkerPool(preload=WORKER_PRELOAD) as pool:
         await pool.run(f"{JOBS}:echo", {}, timeout_s=120)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.skillpack.codeblocks import python_blocks
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.skillpack.codeblocks import python_blocks
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 
 MARKDOWN = sorted(DEFAULT_SKILLS_DIR.rglob("*.md"))
 BLOCKS = python_blocks([DEFAULT_SKILLS_DIR])

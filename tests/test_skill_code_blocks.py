@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tools.skillpack.codeblocks import BlockOutcome, check_blocks, python_blocks
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.skillpack.codeblocks import BlockOutcome, check_blocks, python_blocks
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 
 BLOCKS = python_blocks([DEFAULT_SKILLS_DIR])
 _IDS = [f"{b.file.relative_to(DEFAULT_SKILLS_DIR).as_posix()}:{b.line}" for b in BLOCKS]

@@ -9,8 +9,14 @@ from typing import get_args
 
 import pytest
 
-from tools.results import SkillName
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack, SkillPathError, UnknownSkill
+from torch_skills.results import SkillName
+from torch_skills.skillpack.loader import (
+    DEFAULT_SKILLS_DIR,
+    ROUTER_NAME,
+    SkillPack,
+    SkillPathError,
+    UnknownSkill,
+)
 
 SPECIALISTS = set(get_args(SkillName)) - {ROUTER_NAME}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.skillpack.loader import DEFAULT_SKILLS_DIR
-from tools.skillpack.validate import validate_pack
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.skillpack.validate import validate_pack
 
 REPO = Path(__file__).resolve().parents[1]
 

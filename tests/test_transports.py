@@ -25,7 +25,7 @@ def _stdio_params(*args: str) -> StdioServerParameters:
 def test_building_the_server_does_not_import_torch():
     """Start-up stays fast: torch is imported only in the worker processes."""
     code = (
-        "import sys, json; sys.path.insert(0, '.'); import server; server.build_server(); "
+        "import sys, json; sys.path.insert(0, '.'); import server; from torch_skills.server import build_server; build_server(); "
         "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -2,7 +2,7 @@
 
 Use `CodeRef.parse("models/net.py:build")` to split a reference, and embed `ModelInputs` in a
 tool's request. The worker side that actually imports and calls the code is
-`tools.runner.usercode`.
+`torch_skills.runner.usercode`.
 
 A reference is either `path/to/file.py:name` (a file, relative to the server's working directory)
 or `package.module:name` (an importable module). `name` may be dotted (`Net.from_config`).

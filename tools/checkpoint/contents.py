@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from tools.checkpoint.models import DTypeCount, NonfiniteTensor, TensorInfo, TensorSummary
-from tools.checkpoint.tree import MAX_NODES, TensorMeta, leaf_info, walk
+from torch_skills.checkpoint.models import DTypeCount, NonfiniteTensor, TensorInfo, TensorSummary
+from torch_skills.checkpoint.tree import MAX_NODES, TensorMeta, leaf_info, walk
 
 CHUNK_ELEMENTS = 1 << 22  # 4M elements: 16 MiB of float32 per piece
 _MADV_DONTNEED = 4  # <sys/mman.h>

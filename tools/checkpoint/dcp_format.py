@@ -30,10 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tools.checkpoint.allowlist import DCP_METADATA, NUMPY_DATA, TORCH_DTYPE_NAMES, TORCH_WEIGHTS_ONLY, Policy
-from tools.checkpoint.pickle_scan import PickleScan, scan_pickle
-from tools.checkpoint.problems import Problem
-from tools.checkpoint.zip_scan import scan_zip
+from torch_skills.checkpoint.allowlist import (
+    DCP_METADATA,
+    NUMPY_DATA,
+    TORCH_DTYPE_NAMES,
+    TORCH_WEIGHTS_ONLY,
+    Policy,
+)
+from torch_skills.checkpoint.pickle_scan import PickleScan, scan_pickle
+from torch_skills.checkpoint.problems import Problem
+from torch_skills.checkpoint.zip_scan import scan_zip
 
 _DCP = "torch.distributed.checkpoint"
 MAX_BYTES_ITEM_SCAN = 1 << 30  # a non-tensor item this large is not a counter or a config

@@ -2,7 +2,7 @@
 
 Use:
 
-    loaded = load_checkpoint(scan, allow_numpy=True)   # scan: tools.checkpoint.scan.StaticScan
+    loaded = load_checkpoint(scan, allow_numpy=True)   # scan: torch_skills.checkpoint.scan.StaticScan
     loaded.obj        # the contents; tensors are torch tensors, numpy arrays or TensorMeta
     loaded.how        # "torch.load(weights_only=True, mmap=True)", ...
 
@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from tools.checkpoint.allowlist import NUMPY_DATA
-from tools.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
-from tools.checkpoint.pickle_scan import map_python2_name
-from tools.checkpoint.problems import Problem
-from tools.checkpoint.safetensors_format import SafetensorsHeader, iter_tensor_bytes
-from tools.checkpoint.scan import FileScan, StaticScan
-from tools.checkpoint.tree import TensorMeta
+from torch_skills.checkpoint.allowlist import NUMPY_DATA
+from torch_skills.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
+from torch_skills.checkpoint.pickle_scan import map_python2_name
+from torch_skills.checkpoint.problems import Problem
+from torch_skills.checkpoint.safetensors_format import SafetensorsHeader, iter_tensor_bytes
+from torch_skills.checkpoint.scan import FileScan, StaticScan
+from torch_skills.checkpoint.tree import TensorMeta
 
 MAX_BYTES_ITEM = 64 << 20  # a DCP bytes item (counters, param_group values) larger than this is skipped
 MAX_JSON_BYTES = 16 << 20

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tools.results import Finding, RunInfo
-from tools.userspec import CodeRef, ModelInputs
+from torch_skills.results import Finding, RunInfo
+from torch_skills.userspec import CodeRef, ModelInputs
 
 CheckpointFormat = Literal[
     "torch_zip",  # torch.save (zip, torch >= 1.6): .pt .pth .ckpt .bin

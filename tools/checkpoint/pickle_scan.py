@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.checkpoint.allowlist import Policy, Risk, Tier, risk_of, words
+from torch_skills.checkpoint.allowlist import Policy, Risk, Tier, risk_of, words
 
 # torch.load's weights_only unpickler refuses these modules even when a user allowlists them
 # (torch 2.13, torch/_weights_only_unpickler.py, _blocklisted_modules).

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tools.checkpoint.models import VerifyCheckpointResult
-from tools.results import Finding, format_bytes
+from torch_skills.checkpoint.models import VerifyCheckpointResult
+from torch_skills.results import Finding, format_bytes
 
 SKILL = "checkpointing-and-reproducibility"
 

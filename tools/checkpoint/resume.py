@@ -28,9 +28,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
-from tools.checkpoint.allowlist import words
-from tools.checkpoint.models import OptimizerCheck, OptimizerShapeMismatch, ResumeCheck, ResumeRole, RoleFound
-from tools.checkpoint.tree import is_tensor_mapping, leaf_info, walk
+from torch_skills.checkpoint.allowlist import words
+from torch_skills.checkpoint.models import (
+    OptimizerCheck,
+    OptimizerShapeMismatch,
+    ResumeCheck,
+    ResumeRole,
+    RoleFound,
+)
+from torch_skills.checkpoint.tree import is_tensor_mapping, leaf_info, walk
 
 RESUME_ROLES: tuple[ResumeRole, ...] = get_args(ResumeRole)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.checkpoint.problems import Problem
+from torch_skills.checkpoint.problems import Problem
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors/src/tensor.rs MAX_HEADER_SIZE
 MAX_DIMS = 64

@@ -30,17 +30,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.checkpoint.allowlist import Policy
-from tools.checkpoint.dcp_format import DcpScan, scan_dcp_dir
-from tools.checkpoint.pickle_scan import PickleScan, ScanLimits, UnsafeRef, looks_like_pickle, scan_pickle
-from tools.checkpoint.problems import Problem
-from tools.checkpoint.safetensors_format import (
+from torch_skills.checkpoint.allowlist import Policy
+from torch_skills.checkpoint.dcp_format import DcpScan, scan_dcp_dir
+from torch_skills.checkpoint.pickle_scan import (
+    PickleScan,
+    ScanLimits,
+    UnsafeRef,
+    looks_like_pickle,
+    scan_pickle,
+)
+from torch_skills.checkpoint.problems import Problem
+from torch_skills.checkpoint.safetensors_format import (
     SafetensorsHeader,
     SafetensorsIndex,
     read_safetensors_header,
     read_safetensors_index,
 )
-from tools.checkpoint.zip_scan import ZipScan, scan_zip_bytes, scan_zip_file
+from torch_skills.checkpoint.zip_scan import ZipScan, scan_zip_bytes, scan_zip_file
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors", ".tar", ".pt2")

@@ -1,6 +1,6 @@
 """verify_checkpoint in the worker: scan statically, load only if safe, then check contents and fit.
 
-Called by the runner as `tools.checkpoint.worker:run(request, job)`; see tools/checkpoint/scan.py
+Called by the runner as `torch_skills.checkpoint.worker:run(request, job)`; see tools/checkpoint/scan.py
 (static safety), load.py (opening safe files), contents.py (tensors, NaN/Inf), resume.py
 (completeness, optimizer consistency) and fit.py (keys against a model).
 
@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from tools.checkpoint.allowlist import Policy
-from tools.checkpoint.contents import find_nonfinite, summarize_tensors
-from tools.checkpoint.fit import FitReport, compare_state_dicts
-from tools.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
-from tools.checkpoint.models import (
+from torch_skills.checkpoint.allowlist import Policy
+from torch_skills.checkpoint.contents import find_nonfinite, summarize_tensors
+from torch_skills.checkpoint.fit import FitReport, compare_state_dicts
+from torch_skills.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
+from torch_skills.checkpoint.models import (
     FileInfo,
     FileProblem,
     KeyMismatch,
@@ -34,14 +34,21 @@ from tools.checkpoint.models import (
     VerifyCheckpointRequest,
     VerifyCheckpointResult,
 )
-from tools.checkpoint.report import SKILL, build_findings, build_summary
-from tools.checkpoint.resume import file_role, find_resume_roles, get_path, optimizer_checks
-from tools.checkpoint.scan import StaticScan, scan_path
-from tools.checkpoint.tree import TensorMeta, is_tensor_mapping, leaf_info, walk
-from tools.results import Finding
-from tools.runner.child import JobContext
-from tools.runner.errors import UserCodeError
-from tools.runner.usercode import build_model, call_model, make_batch, resolve_device, to_device, user_code
+from torch_skills.checkpoint.report import SKILL, build_findings, build_summary
+from torch_skills.checkpoint.resume import file_role, find_resume_roles, get_path, optimizer_checks
+from torch_skills.checkpoint.scan import StaticScan, scan_path
+from torch_skills.checkpoint.tree import TensorMeta, is_tensor_mapping, leaf_info, walk
+from torch_skills.results import Finding
+from torch_skills.runner.child import JobContext
+from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.usercode import (
+    build_model,
+    call_model,
+    make_batch,
+    resolve_device,
+    to_device,
+    user_code,
+)
 
 _LIGHTNING_KEYS = ("pytorch-lightning_version", "optimizer_states")
 

@@ -28,9 +28,9 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from tools.checkpoint.allowlist import Policy
-from tools.checkpoint.pickle_scan import PickleScan, ScanLimits, looks_like_pickle, scan_pickle
-from tools.checkpoint.problems import Problem
+from torch_skills.checkpoint.allowlist import Policy
+from torch_skills.checkpoint.pickle_scan import PickleScan, ScanLimits, looks_like_pickle, scan_pickle
+from torch_skills.checkpoint.problems import Problem
 
 _EOCD = b"PK\x05\x06"
 _EOCD64_LOCATOR = b"PK\x06\x07"

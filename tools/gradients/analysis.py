@@ -18,7 +18,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from tools.gradients.models import (
+from torch_skills.gradients.models import (
     DepthProfile,
     GradientThresholds,
     GraphBreak,
@@ -26,8 +26,8 @@ from tools.gradients.models import (
     NonfiniteLocation,
     ParameterGradient,
 )
-from tools.gradients.probe import ModuleActivity
-from tools.gradients.tensors import dtype_name, finite_or_none, kind_of
+from torch_skills.gradients.probe import ModuleActivity
+from torch_skills.gradients.tensors import dtype_name, finite_or_none, kind_of
 
 
 def owner_of(param_name: str) -> str:

@@ -1,13 +1,13 @@
 """Turn the facts in a GradientResult into findings (what to do, which skill to read) and a summary.
 
 Use `diagnose(result)` after every fact is filled in: it sets `result.findings` (most severe first)
-and `result.summary`. Codes are those of `tools.gradients.models.FINDING_CODES`.
+and `result.summary`. Codes are those of `torch_skills.gradients.models.FINDING_CODES`.
 """
 
 from __future__ import annotations
 
-from tools.gradients.models import FINDING_CODES, GradientResult, GraphBreak, NonfiniteLocation
-from tools.results import Finding
+from torch_skills.gradients.models import FINDING_CODES, GradientResult, GraphBreak, NonfiniteLocation
+from torch_skills.results import Finding
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 FP16_MAX = 65504.0  # largest finite float16 value (IEEE 754 half precision)

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from tools.gradients.models import GradcheckReport, JacobianEntry
-from tools.gradients.tensors import finite_or_none, tensors_in
-from tools.runner.errors import UserCodeError
+from torch_skills.gradients.models import GradcheckReport, JacobianEntry
+from torch_skills.gradients.tensors import finite_or_none, tensors_in
+from torch_skills.runner.errors import UserCodeError
 
 MAX_ELEMENTS = 2048  # per side of the Jacobian; 2 calls per input element at double precision
 # torch.autograd.gradcheck's defaults (torch/autograd/gradcheck.py).

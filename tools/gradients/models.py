@@ -2,7 +2,7 @@
 
 Use `GradientRequest(model="net.py:build", input_shape=[8, 16])` for a model check, or
 `GradientRequest(function="ops.py:MySquare", input_shape=[3, 4])` for gradcheck mode; the worker
-(`tools.gradients.worker:run`) returns a `GradientResult`. `FINDING_CODES` lists every finding
+(`torch_skills.gradients.worker:run`) returns a `GradientResult`. `FINDING_CODES` lists every finding
 code the tool emits and what it means.
 """
 
@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tools.results import Finding, RunInfo
-from tools.userspec import CodeRef, ModelInputs
+from torch_skills.results import Finding, RunInfo
+from torch_skills.userspec import CodeRef, ModelInputs
 
 FINDING_CODES: dict[str, str] = {
     "nonfinite_input": "the input batch already holds NaN/Inf before the model runs",

@@ -8,7 +8,7 @@ Use it around the forward pass; hooks are removed on exit whatever happens:
     probe.activation_stats()                # zeros in ReLU-family outputs
 
 It deliberately checks no values for NaN/Inf: a healthy run pays only for counting. When the
-output, loss or a gradient turns out non-finite, `tools.gradients.trace` reruns the step with
+output, loss or a gradient turns out non-finite, `torch_skills.gradients.trace` reruns the step with
 op-level tracing to find where.
 
 Known limitations: only ReLU-family *modules* are measured; `F.relu(x)` / `x.relu()` calls inside
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tools.gradients.models import ActivationStats
-from tools.gradients.tensors import tensors_in
+from torch_skills.gradients.models import ActivationStats
+from torch_skills.gradients.tensors import tensors_in
 
 # Activations whose negative side is exactly zero (or may be): the ones that can "die".
 RELU_FAMILY: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.Threshold)

@@ -41,8 +41,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from tools.gradients.models import NonfiniteLocation
-from tools.gradients.tensors import checkable, dtype_name, is_finite, kind_of, tensors_in, user_source
+from torch_skills.gradients.models import NonfiniteLocation
+from torch_skills.gradients.tensors import checkable, dtype_name, is_finite, kind_of, tensors_in, user_source
 
 # Calls that return values cut from the autograd graph.
 CUT_OPS = frozenset({"detach", "detach_", "data", "item", "tolist", "numpy"})

@@ -1,7 +1,7 @@
 """check_gradients, worker side: `run(request, job)` inside a forked child of the warm worker.
 
-The server calls it as `run_in_worker(ctx, "tools.gradients.worker:run", request, ...)`; tests
-may call it in-process with a `tools.runner.child.JobContext`.
+The server calls it as `run_in_worker(ctx, "torch_skills.gradients.worker:run", request, ...)`; tests
+may call it in-process with a `torch_skills.runner.child.JobContext`.
 
 Model mode runs one training step without the optimizer:
   1. build the model and one batch; scan parameters and batch for NaN/Inf;
@@ -10,7 +10,7 @@ Model mode runs one training step without the optimizer:
      same step again (same seed) under the op tracer and autograd-node hooks (`trace`), which
      name the op, module, source line and autograd node;
   4. findings and summary (`findings`).
-Gradcheck mode (`function=...`) runs `tools.gradients.gradcheck` instead.
+Gradcheck mode (`function=...`) runs `torch_skills.gradients.gradcheck` instead.
 
 Known limitations: one batch and one step, without the optimizer, so problems that need many
 steps to appear (a learning rate that diverges after 500 steps) show only as large gradients
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from tools.gradients import analysis
-from tools.gradients.findings import diagnose
-from tools.gradients.gradcheck import bind, check_function, prepare_arguments
-from tools.gradients.models import (
+from torch_skills.gradients import analysis
+from torch_skills.gradients.findings import diagnose
+from torch_skills.gradients.gradcheck import bind, check_function, prepare_arguments
+from torch_skills.gradients.models import (
     GradientRequest,
     GradientResult,
     GradientThresholds,
@@ -43,12 +43,12 @@ from tools.gradients.models import (
     NonfiniteLocation,
     StepTimings,
 )
-from tools.gradients.probe import ForwardProbe
-from tools.gradients.tensors import dtype_name, is_finite, kind_of, tensors_in
-from tools.gradients.trace import BackwardWatch, OpTracer, graph_nodes
-from tools.runner.child import JobContext
-from tools.runner.errors import UserCodeError
-from tools.runner.usercode import (
+from torch_skills.gradients.probe import ForwardProbe
+from torch_skills.gradients.tensors import dtype_name, is_finite, kind_of, tensors_in
+from torch_skills.gradients.trace import BackwardWatch, OpTracer, graph_nodes
+from torch_skills.runner.child import JobContext
+from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.usercode import (
     build_model,
     call_model,
     compute_loss,
@@ -325,7 +325,7 @@ class _WarmUpNet(nn.Module):
 def warm_up() -> None:
     """Run every code path once on tiny tensors, so each forked child starts with them loaded.
 
-    The zygote calls this after importing the module (see tools.runner.zygote). Without it each
+    The zygote calls this after importing the module (see torch_skills.runner.zygote). Without it each
     child pays the first-use costs (lazy imports, dispatcher and kernel set-up) again: measured at
     about 10 ms of a 24 ms call on a 64-128-10 MLP. Tensors stay far below torch's parallel grain
     size, so no OpenMP threads exist before the fork.

@@ -1,6 +1,6 @@
 """estimate_memory: peak training and inference memory of the user's model, predicted without a GPU.
 
-The server imports only `tools.memory.models`; the worker child runs `tools.memory.worker.run`.
+The server imports only `torch_skills.memory.models`; the worker child runs `torch_skills.memory.worker.run`.
 Pipeline: `trace` (one step on fake tensors under the storage `ledger`, with `modules` naming the
 running module and `probes` measuring convolution/RNN kernel scratch) -> `sharding` (per-rank
 rewrite) -> `timeline` replay through the CUDA `allocator` model plus `overheads` -> `estimate`

@@ -7,7 +7,7 @@ Use:
     est.peak_allocated, est.peak_reserved, est.device_bytes, est.breakdown, est.fits
 
 For a CUDA target the trace is replayed through the caching-allocator model with the cuBLAS
-workspaces added (`tools.memory.overheads`) and the CUDA context added on top of reserved
+workspaces added (`torch_skills.memory.overheads`) and the CUDA context added on top of reserved
 memory; for a CPU target the figures are exact storage bytes and reserved equals allocated.
 `extrapolate(a, b, batch_size)` combines two estimates at small batch sizes linearly.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tools.memory.ledger import ALLOC, StorageRecord
-from tools.memory.overheads import cublas_workspace_bytes, cuda_context_bytes, uses_cublas
-from tools.memory.sharding import ShardPlan, apply_plan, shard_plan
-from tools.memory.timeline import CATEGORIES, replay_events
-from tools.memory.trace import Trace
+from torch_skills.memory.ledger import ALLOC, StorageRecord
+from torch_skills.memory.overheads import cublas_workspace_bytes, cuda_context_bytes, uses_cublas
+from torch_skills.memory.sharding import ShardPlan, apply_plan, shard_plan
+from torch_skills.memory.timeline import CATEGORIES, replay_events
+from torch_skills.memory.trace import Trace
 
 
 @dataclass(frozen=True)

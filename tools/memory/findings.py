@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tools.memory.models import EstimateMemoryRequest, MemoryBreakdown
-from tools.results import Finding, format_bytes
+from torch_skills.memory.models import EstimateMemoryRequest, MemoryBreakdown
+from torch_skills.results import Finding, format_bytes
 
 DOMINANT_SHARE = 0.40  # a category holding this share of the peak is what to cut first
 FRAGMENTATION_SHARE = 0.10  # reserved above allocated by this share is worth a setting

@@ -13,9 +13,9 @@ It runs real training steps (three; the first creates the optimizer state) and m
   (`profile_memory=True`), summed in time order: the peak of live allocator bytes, including the
   scratch buffers kernels allocate for themselves.
 
-Nothing here shares counting code with `tools.memory.ledger`, so agreement between the two is
+Nothing here shares counting code with `torch_skills.memory.ledger`, so agreement between the two is
 evidence, not an echo. Both sides use the same step (`StepSpec`) and the same model surgery
-(`tools.memory.trace.make_optimizer`, `wrap_checkpointing`, `convert_tensors`).
+(`torch_skills.memory.trace.make_optimizer`, `wrap_checkpointing`, `convert_tensors`).
 
 Each step runs as a function, so its output and loss die when it returns (as in a
 `train_step()` function; a loop that keeps `output` alive into the next forward holds one more
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from tools.memory.trace import (
+from torch_skills.memory.trace import (
     AUTOCAST,
     LOW_PRECISION,
     StepSpec,

@@ -16,11 +16,11 @@ weakref finalizer on each storage's Python object records the moment it dies. It
 storage alive. Each storage gets a `StorageRecord` whose `kind` can be upgraded after the fact
 (a temporary that `AccumulateGrad` keeps as `.grad` becomes a gradient, a tensor packed for
 backward becomes an activation), so the whole timeline is classified with final kinds when it is
-replayed (`tools.memory.timeline`).
+replayed (`torch_skills.memory.timeline`).
 
 Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
 an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
-except for the kernels a `KernelProbe` measures (convolutions and RNNs, `tools.memory.probes`),
+except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`),
 whose scratch is recorded as a temporary alive during the op; sparse and wrapper-subclass
 tensors are skipped.
 """
@@ -81,8 +81,8 @@ class StorageLedger(TorchDispatchMode):
 
     def __init__(self, scope: Any = None, probe: Any = None):
         super().__init__()
-        self.scope = scope  # a ModuleScope (tools.memory.modules) or None
-        self.probe = probe  # a KernelProbe (tools.memory.probes) or None
+        self.scope = scope  # a ModuleScope (torch_skills.memory.modules) or None
+        self.probe = probe  # a KernelProbe (torch_skills.memory.probes) or None
         self.events: list[tuple[str, Any]] = []
         self.current_phase = "setup"
         self._live: dict[int, tuple[weakref.ref, StorageRecord]] = {}

@@ -1,7 +1,7 @@
 """Request and result of estimate_memory, as pydantic models (no torch: the server imports this).
 
 Use `EstimateMemoryRequest(model="net.py:build", input_shape=[8, 3, 224, 224], precision="bf16_autocast",
-device_memory_gib=24)`; the worker (`tools.memory.worker.run`) returns an `EstimateMemoryResult`.
+device_memory_gib=24)`; the worker (`torch_skills.memory.worker.run`) returns an `EstimateMemoryResult`.
 Every byte figure is an int in bytes; `summary` repeats the headline in words.
 """
 
@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from tools.results import Finding, RunInfo
-from tools.userspec import Mode, ModelInputs, Precision
+from torch_skills.results import Finding, RunInfo
+from torch_skills.userspec import Mode, ModelInputs, Precision
 
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "none"]
 Sharding = Literal["none", "ddp", "zero1", "zero2", "fsdp"]

@@ -141,7 +141,7 @@ def _signature(value) -> tuple:
 def _cpu_peak(fn):
     """(fn's result, peak bytes the CPU allocator held above its level at the call).
 
-    tools.memory.groundtruth sums the same profiler events for the bench's ground truth; the two
+    torch_skills.memory.groundtruth sums the same profiler events for the bench's ground truth; the two
     are kept apart on purpose, so that the truth shares no code with the estimate.
     """
     from torch.profiler import ProfilerActivity, profile

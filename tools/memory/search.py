@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tools.memory.estimate import Estimate
+from torch_skills.memory.estimate import Estimate
 
 BATCH_LIMIT = 1 << 20  # no search beyond a million samples per step
 

@@ -20,7 +20,7 @@ one rank's share and adds the buffers the strategy itself allocates:
   running and the one prefetched) are gathered, and in backward one unit's full gradients exist.
 
 Units are `Trace.fsdp_units`: the outermost repeated blocks (or the activation_checkpointing
-classes), see `tools.memory.trace.fsdp_units`.
+classes), see `torch_skills.memory.trace.fsdp_units`.
 
 Known limitations: communication buffers of NCCL itself, bucket reuse across iterations, and
 parameters that FSDP keeps unsharded for other reasons (ignored modules, non-wrapped tied
@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tools.memory.ledger import ALLOC, FREE, PHASE, StorageRecord
+from torch_skills.memory.ledger import ALLOC, FREE, PHASE, StorageRecord
 
 DDP_BUCKET_CAP_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25) default
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES

@@ -6,9 +6,9 @@ Use:
     replay.peak.total, replay.peak.by_category, replay.peak.phase, replay.peak.module
     replay.peak_reserved, replay.peak_tensor_bytes, replay.saved_by_module
 
-Every storage is classified by its final kind (see `tools.memory.ledger`), so a temporary that
+Every storage is classified by its final kind (see `torch_skills.memory.ledger`), so a temporary that
 ended up as a gradient counts as a gradient at every moment it was alive. With `cuda=True` each
-storage counts as the block the CUDA caching allocator would hand out (`tools.memory.allocator`)
+storage counts as the block the CUDA caching allocator would hand out (`torch_skills.memory.allocator`)
 and the allocator's reserved bytes are tracked too; with `cuda=False` it counts its exact bytes.
 The running totals are sampled after every op and at every phase boundary.
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tools.memory.allocator import CachingAllocatorModel
-from tools.memory.ledger import ALLOC, FREE, OP, PHASE, Sample, StorageRecord
+from torch_skills.memory.allocator import CachingAllocatorModel
+from torch_skills.memory.ledger import ALLOC, FREE, OP, PHASE, Sample, StorageRecord
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 KIND_TO_CATEGORY = {

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from tools.memory.ledger import StorageLedger
-from tools.memory.modules import ModuleScope
-from tools.memory.probes import KernelProbe
+from torch_skills.memory.ledger import StorageLedger
+from torch_skills.memory.modules import ModuleScope
+from torch_skills.memory.probes import KernelProbe
 
 OUTSIDE_MODULES = "(outside any module: loss, functional code)"
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -80,7 +80,9 @@ class Trace:
     module_types: dict[str, str]  # qualified name -> class name
     fsdp_units: dict[str, int] = field(default_factory=dict)  # unit name -> parameter bytes
     checkpointed_modules: int = 0
-    kernels_probed: int = 0  # kernels run for real to measure their scratch / workspace (tools.memory.probes)
+    kernels_probed: int = (
+        0  # kernels run for real to measure their scratch / workspace (torch_skills.memory.probes)
+    )
     kernels_not_probed: int = 0  # probes skipped for size or time: their scratch is missing
 
 

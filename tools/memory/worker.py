@@ -4,11 +4,11 @@ Use through the MCP server (tool `estimate_memory`), or directly in tests:
 
     result = run(EstimateMemoryRequest(model="net.py:build", input_shape=[8, 512]), job)
 
-Steps: trace one step on fake tensors (`tools.memory.trace`); if that fails (data-dependent
+Steps: trace one step on fake tensors (`torch_skills.memory.trace`); if that fails (data-dependent
 control flow, `.item()`), measure real runs at batch sizes 1 and 2 and extrapolate linearly;
-replay the trace for the target device and parallel layout (`tools.memory.estimate`); search the
-largest batch that fits when `device_memory_gib` is given (`tools.memory.search`); explain
-(`tools.memory.findings`).
+replay the trace for the target device and parallel layout (`torch_skills.memory.estimate`); search the
+largest batch that fits when `device_memory_gib` is given (`torch_skills.memory.search`); explain
+(`torch_skills.memory.findings`).
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from pathlib import Path
 
 import torch
 
-from tools.memory.estimate import Estimate, Target, estimate_trace, extrapolate
-from tools.memory.findings import Facts, memory_findings, memory_summary
-from tools.memory.models import (
+from torch_skills.memory.estimate import Estimate, Target, estimate_trace, extrapolate
+from torch_skills.memory.findings import Facts, memory_findings, memory_summary
+from torch_skills.memory.models import (
     ActivationSaver,
     EstimateMemoryRequest,
     EstimateMemoryResult,
     MemoryBreakdown,
     TracedBatch,
 )
-from tools.memory.overheads import local_gpu_is_hopper
-from tools.memory.search import BatchSearch, max_batch_size
-from tools.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
-from tools.runner.errors import UserCodeError
-from tools.runner.usercode import (
+from torch_skills.memory.overheads import local_gpu_is_hopper
+from torch_skills.memory.search import BatchSearch, max_batch_size
+from torch_skills.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
+from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.usercode import (
     build_model,
     compute_loss,
     load_callable,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from tools.profiling.models import OpCategory
+from torch_skills.profiling.models import OpCategory
 
 _RULES: tuple[tuple[OpCategory, re.Pattern[str]], ...] = (
     ("host_sync", re.compile(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tools.profiling.models import Bottleneck, BottleneckShares, Evidence
+from torch_skills.profiling.models import Bottleneck, BottleneckShares, Evidence
 
 SMALL_OP_FACTOR = 20.0  # an op under 20x the cost of dispatching a tiny op is mostly fixed cost
 MANY_OPS_PER_STEP = 20  # fewer dispatches than this cannot make a step overhead-bound by themselves

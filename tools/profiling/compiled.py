@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch._dynamo
 
-from tools.profiling.calibrate import synchronizer
-from tools.profiling.models import CompileReport
-from tools.profiling.stats import summarize
-from tools.profiling.step import StepRunner
+from torch_skills.profiling.calibrate import synchronizer
+from torch_skills.profiling.models import CompileReport
+from torch_skills.profiling.stats import summarize
+from torch_skills.profiling.step import StepRunner
 
 MAX_ERROR_CHARS = 1200
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tools.profiling.models import ProfileResult
-from tools.results import Finding, format_bytes, format_flops, format_seconds
+from torch_skills.profiling.models import ProfileResult
+from torch_skills.results import Finding, format_bytes, format_flops, format_seconds
 
 SECONDARY_SHARE = 0.2  # a part of the step this large earns a finding even when it is not the bottleneck
 PROFILER_SKEW = 1.5  # above this slow-down, op shares under the profiler lean towards small ops

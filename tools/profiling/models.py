@@ -1,7 +1,7 @@
 """Request and result schemas of `profile_model` (pydantic only: the server imports this, never torch).
 
 Use `ProfileRequest(model="net.py:build", input_shape=[32, 64], mode="train")`, send it to
-`tools.profiling.worker:run`, and read the answer as `ProfileResult.model_validate(data)`.
+`torch_skills.profiling.worker:run`, and read the answer as `ProfileResult.model_validate(data)`.
 Every figure is in raw units (seconds, FLOPs, bytes) and per training/inference step.
 """
 
@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tools.results import Finding, RunInfo
-from tools.userspec import CodeRef, Mode, ModelInputs, Precision
+from torch_skills.results import Finding, RunInfo
+from torch_skills.userspec import CodeRef, Mode, ModelInputs, Precision
 
 Optimizer = Literal["adamw", "sgd"]
 BatchInput = Literal["whole", "first"]

@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from tools.profiling.models import HostSync
-from tools.profiling.step import StepRunner, top_level_modules
+from torch_skills.profiling.models import HostSync
+from torch_skills.profiling.step import StepRunner, top_level_modules
 
 aten = torch.ops.aten
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from tools.profiling.models import ProfileRequest
-from tools.runner.errors import UserCodeError
-from tools.runner.usercode import (
+from torch_skills.profiling.models import ProfileRequest
+from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.usercode import (
     build_model,
     call_model,
     default_loss,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tools.profiling.calibrate import synchronizer
-from tools.profiling.step import StepRunner
+from torch_skills.profiling.calibrate import synchronizer
+from torch_skills.profiling.step import StepRunner
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from tools.profiling.calibrate import synchronizer
-from tools.profiling.categories import op_category
-from tools.profiling.classify import SMALL_OP_FACTOR
-from tools.profiling.models import CategoryTime, OpTime, PhaseTime
-from tools.profiling.step import StepRunner, top_level_modules
+from torch_skills.profiling.calibrate import synchronizer
+from torch_skills.profiling.categories import op_category
+from torch_skills.profiling.classify import SMALL_OP_FACTOR
+from torch_skills.profiling.models import CategoryTime, OpTime, PhaseTime
+from torch_skills.profiling.step import StepRunner, top_level_modules
 
 PHASE_PREFIX = "## phase: "
 MODULE_PREFIX = "## module: "

@@ -1,6 +1,6 @@
 """profile_model's worker entry point: measure a real step, then say what bounds it.
 
-Run by the warm worker as `tools.profiling.worker:run` (the server's `profile_model` tool), or
+Run by the warm worker as `torch_skills.profiling.worker:run` (the server's `profile_model` tool), or
 in-process in tests: `run(ProfileRequest(model="net.py:build", input_shape=[32, 64]), job)`.
 
 What it does, in order (each stage reports progress):
@@ -33,18 +33,18 @@ from pathlib import Path
 import torch
 import torch._dynamo  # noqa: F401 - optimizers and FlopCounterMode import it on first use (~2 s): preload it
 
-from tools.profiling.calibrate import Calibration, calibrate
-from tools.profiling.classify import SMALL_OP_FACTOR, StepEvidence, classify
-from tools.profiling.compiled import compare_compiled
-from tools.profiling.findings import findings_for, summary_for
-from tools.profiling.models import CompileReport, ModuleTime, ProfileRequest, ProfileResult, StepTiming
-from tools.profiling.peaks import PeakDType, peak_flops
-from tools.profiling.probe import Probe, probe_step
-from tools.profiling.stats import summarize
-from tools.profiling.step import MATMUL_DTYPE, StepRunner, build_step, top_level_modules
-from tools.profiling.timing import TimedSteps, time_steps
-from tools.profiling.trace import TraceSummary, profiled_pass
-from tools.runner.errors import UserCodeError
+from torch_skills.profiling.calibrate import Calibration, calibrate
+from torch_skills.profiling.classify import SMALL_OP_FACTOR, StepEvidence, classify
+from torch_skills.profiling.compiled import compare_compiled
+from torch_skills.profiling.findings import findings_for, summary_for
+from torch_skills.profiling.models import CompileReport, ModuleTime, ProfileRequest, ProfileResult, StepTiming
+from torch_skills.profiling.peaks import PeakDType, peak_flops
+from torch_skills.profiling.probe import Probe, probe_step
+from torch_skills.profiling.stats import summarize
+from torch_skills.profiling.step import MATMUL_DTYPE, StepRunner, build_step, top_level_modules
+from torch_skills.profiling.timing import TimedSteps, time_steps
+from torch_skills.profiling.trace import TraceSummary, profiled_pass
+from torch_skills.runner.errors import UserCodeError
 
 PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step lets the profiler settle
 STAGES = 7

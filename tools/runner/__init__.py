@@ -1,6 +1,6 @@
 """Running the user's code safely: a warm worker with torch imported forks one child per call.
 
-Server side: `tools.runner.pool.WorkerPool` (no torch). Worker side: `zygote` (the warm
+Server side: `torch_skills.runner.pool.WorkerPool` (no torch). Worker side: `zygote` (the warm
 process), `child` (what each forked child runs) and `usercode` (loading the user's model,
 inputs and loss). Tool logic runs inside the child as `def run(request, job) -> Result`.
 """

@@ -22,8 +22,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from tools.runner import protocol
-from tools.runner.errors import UserCodeError
+from torch_skills.runner import protocol
+from torch_skills.runner.errors import UserCodeError
 
 
 class JobContext:

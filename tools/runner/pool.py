@@ -3,7 +3,7 @@
 Use inside an async server:
 
     async with WorkerPool(max_concurrent=2) as pool:
-        result = await pool.run("tools.gradients.worker:run", request, timeout_s=60,
+        result = await pool.run("torch_skills.gradients.worker:run", request, timeout_s=60,
                                 memory_limit_bytes=8 << 30, device="auto", cwd=Path.cwd(),
                                 allowed_roots=[...], on_progress=cb)
 
@@ -11,7 +11,7 @@ Use inside an async server:
 `WorkerError` for every failure: the user's exception, sys.exit, a crash, a hang, a memory
 overrun, a cancelled call. No job outlives its call: on timeout or cancellation the job's whole
 process group is killed. This module never imports torch; the worker does
-(`tools.runner.zygote`).
+(`torch_skills.runner.zygote`).
 
 Known limitations: Linux only (fork, process groups, /proc).
 """
@@ -35,10 +35,12 @@ import anyio
 from anyio.abc import Process, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from tools.runner import protocol
-from tools.runner.errors import WorkerError
+from torch_skills.runner import protocol
+from torch_skills.runner.errors import WorkerError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The worker is started through this file, so it imports the package the server runs from
+# (a clone's tools/ or an installed torch_skills/) and nothing of the user's that shares a name.
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "bootstrap.py"
 ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
 
 _SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
@@ -155,10 +157,9 @@ class WorkerPool:
             self._ready = anyio.Event()
             self._startup_error = None
             env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
             env["PYTHONUNBUFFERED"] = "1"
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-            args = [self.python, "-m", "tools.runner.zygote"]
+            args = [self.python, str(BOOTSTRAP), "runner.zygote"]
             for module in self.preload:
                 args += ["--preload", module]
             self._process = await anyio.open_process(

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tools.runner.errors import UserCodeError
-from tools.userspec import CodeRef, ModelInputs
+from torch_skills.runner.errors import UserCodeError
+from torch_skills.userspec import CodeRef, ModelInputs
 
 _DTYPES = {
     "float32": "float32",

@@ -1,10 +1,10 @@
 """The warm worker: imports torch once, then forks one fresh child per tool call.
 
-Run by `WorkerPool` as `python -m tools.runner.zygote [--preload MODULE ...]`. A preloaded
+Run by `WorkerPool` as `python torch_skills/bootstrap.py runner.zygote [--preload MODULE ...]`. A preloaded
 module may define `warm_up()`: it is called once after the import, before any fork, to run the
 tool's code paths on tiny tensors (keep them below torch's parallel grain size, so no OpenMP
 threads exist at fork time). It speaks the
-JSON-lines protocol of `tools.runner.protocol` on its stdin and on the stdout it was started
+JSON-lines protocol of `torch_skills.runner.protocol` on its stdin and on the stdout it was started
 with. Nothing else may write there, so fd 1 is pointed at stderr right away and the protocol uses
 a private duplicate.
 
@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from tools.runner import protocol
+from torch_skills.runner import protocol
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -96,7 +96,7 @@ class Zygote:
                 self._kill_group(job.pid)
 
     def start(self, message: dict) -> None:
-        from tools.runner import child
+        from torch_skills.runner import child
 
         device = message.get("device", "auto")
         resolved = "cuda" if device == "cuda" or (device == "auto" and self.cuda_available) else "cpu"
@@ -221,7 +221,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     out_fd = os.dup(1)  # the protocol channel
     os.dup2(2, 1)  # anything printed from here on goes to stderr
     sys.stdout = sys.stderr
@@ -246,4 +247,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -1,7 +1,7 @@
 """Find and run the Python code blocks in the skills, so every example is proven to work.
 
 Check a skill while writing it:
-    python -m tools.skillpack.codeblocks skills/debugging-techniques
+    python -m torch_skills.skillpack.codeblocks skills/debugging-techniques
 
 The info string after the fence says how a block is checked:
 - ```python              runs on CPU as a standalone script (its own imports) in a fresh process
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 KNOWN_TAGS = {"cuda", "torchrun"}
@@ -89,7 +91,7 @@ def python_blocks(paths: list[Path]) -> list[CodeBlock]:
 
 
 def run_block(request: dict[str, Any], job: Any) -> dict[str, Any]:
-    """Worker function (tools.runner): exec one block's code as `__main__` in the job's directory."""
+    """Worker function (torch_skills.runner): exec one block's code as `__main__` in the job's directory."""
     import os
 
     os.chdir(job.job_dir)
@@ -163,8 +165,8 @@ async def check_blocks(
 ) -> list[BlockOutcome]:
     """Run/compile every block; runs go through the warm worker (one fork each), torchrun blocks
     in their own processes, `concurrency` at a time. Outcomes come back in the blocks' order."""
-    from tools.runner.errors import WorkerError
-    from tools.runner.pool import WorkerPool
+    from torch_skills.runner.errors import WorkerError
+    from torch_skills.runner.pool import WorkerPool
 
     outcomes: list[BlockOutcome | None] = [None] * len(blocks)
     slots = anyio.Semaphore(concurrency)
@@ -187,7 +189,7 @@ async def check_blocks(
         try:
             async with slots:
                 job = await pool.run(
-                    "tools.skillpack.codeblocks:run_block",
+                    "torch_skills.skillpack.codeblocks:run_block",
                     request,
                     timeout_s=timeout_s,
                     device="cpu",
@@ -200,7 +202,7 @@ async def check_blocks(
         detail = "" if res["ok"] else res.get("error", "") + job.output[-1500:]
         outcomes[index] = BlockOutcome(block, bool(res["ok"]), detail, res["seconds"])
 
-    preload = ("tools.skillpack.codeblocks",)
+    preload = ("torch_skills.skillpack.codeblocks",)
     async with (
         WorkerPool(max_concurrent=concurrency, preload=preload) as pool,
         anyio.create_task_group() as tg,
@@ -210,8 +212,9 @@ async def check_blocks(
     return [o for o in outcomes if o is not None]
 
 
-def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or [Path(__file__).resolve().parents[2] / "skills"]
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    paths = [Path(a) for a in argv] or [DEFAULT_SKILLS_DIR]
     blocks = python_blocks(paths)
     outcomes = anyio.run(check_blocks, blocks)
     failed = [o for o in outcomes if not o.passed]
@@ -225,4 +228,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

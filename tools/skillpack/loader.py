@@ -18,7 +18,15 @@ from typing import Any
 
 import yaml
 
-DEFAULT_SKILLS_DIR = Path(__file__).resolve().parents[2] / "skills"
+
+def _default_skills_dir() -> Path:
+    """The skills shipped with the package: `torch_skills/skills/` installed, `skills/` in a clone."""
+    package_dir = Path(__file__).resolve().parents[1]
+    installed = package_dir / "skills"
+    return installed if installed.is_dir() else package_dir.parent / "skills"
+
+
+DEFAULT_SKILLS_DIR = _default_skills_dir()
 ROUTER_NAME = "using-pytorch-engineering"
 SKILL_FILE = "SKILL.md"
 

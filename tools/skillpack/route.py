@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from tools.skillpack.loader import ROUTER_NAME, SkillPack
-from tools.skillpack.router import PrecedenceRule, RouterTable, parse_router
-from tools.skillpack.text import GLUE_WORDS, Synonyms, terms
+from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
+from torch_skills.skillpack.router import PrecedenceRule, RouterTable, parse_router
+from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms
 
 MAX_QUERY_CHARS = 20_000  # longer input (a whole log) keeps its head and its tail, where errors are
 KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from tools.skillpack.loader import ROUTER_NAME, SKILL_FILE, FrontmatterError, split_frontmatter
-from tools.skillpack.router import RouterFormatError, parse_router
+from torch_skills.skillpack.loader import ROUTER_NAME, SKILL_FILE, FrontmatterError, split_frontmatter
+from torch_skills.skillpack.router import RouterFormatError, parse_router
 
 MAX_NAME = 64
 MAX_DESCRIPTION = 1024

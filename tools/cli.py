@@ -1,0 +1,90 @@
+"""The `torch-skills` command: serve over stdio or HTTP, validate the skills, or run the demo.
+
+Use it as:
+    torch-skills                                  # stdio, for Claude Code / Desktop / Cursor / VS Code / Codex
+    torch-skills --transport http --port 8765     # streamable HTTP on 127.0.0.1
+    torch-skills --check                          # validate the skills and exit
+    torch-skills --demo                           # call every tool on the bundled example and print results
+(`python server.py ...` in a clone, `python -m torch_skills ...` anywhere it is installed.)
+
+Only argparse is imported before the arguments are read, so `--help` answers at once; the MCP
+SDK and the server load after that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="torch-skills",
+        description="PyTorch engineering skills and diagnostic tools over MCP (stdio by default).",
+    )
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument(
+        "--allow", action="append", default=[], metavar="DIR", help="another folder the tools may read"
+    )
+    p.add_argument("--skills-dir", type=Path, default=None, help="serve skills from this folder instead")
+    p.add_argument(
+        "--max-jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)), help="concurrent tool runs"
+    )
+    p.add_argument("--memory-limit-gib", type=float, default=None, help="default RAM cap per tool run")
+    p.add_argument(
+        "--no-prewarm", action="store_true", help="start the torch worker on the first call instead"
+    )
+    p.add_argument("--check", action="store_true", help="validate the skills and exit (non-zero on problems)")
+    p.add_argument(
+        "--demo", action="store_true", help="run every tool on the bundled example and print results"
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr)
+    from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+
+    skills_dir = args.skills_dir or DEFAULT_SKILLS_DIR
+    if args.version:
+        from torch_skills import __version__
+
+        sys.stderr.write(f"torch-skills {__version__}\n")
+        return 0
+    if args.check:
+        from torch_skills.skillpack.validate import validate_pack
+
+        report = validate_pack(skills_dir)
+        sys.stderr.write(report.render() + "\n")
+        return 0 if report.ok else 1
+    if args.demo:
+        from torch_skills.examples.demo import run_demo
+
+        return run_demo()
+    from torch_skills.server import build_server
+
+    server = build_server(
+        skills_dir,
+        allow=[Path(a) for a in args.allow],
+        max_jobs=args.max_jobs,
+        prewarm=not args.no_prewarm,
+        memory_limit_gib=args.memory_limit_gib,
+    )
+    if args.transport == "http":
+        server.run("streamable-http", host=args.host, port=args.port)
+    else:
+        server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
