@@ -13,3 +13,5 @@ import server  # noqa: F401  (registers torch_skills from this clone)
 
 _REPO = str(Path(__file__).resolve().parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, os.environ.get("PYTHONPATH")]))
+
+pytest_plugins = ["tests.heartbeat"]
