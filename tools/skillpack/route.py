@@ -1,35 +1,53 @@
 """Route a symptom, question or pasted error to the specialist skills, using the router's tables.
 
-Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult` with `skills`
-(reading order), `clarify` (one question when the query is too vague), `evidence` (the router
-phrases each skill matched), `tools` and `confidence`. Everything it knows comes from
-skills/using-pytorch-engineering/SKILL.md (see `router.py` for the structure), so editing that
-file changes routing; nothing about PyTorch is hard-coded here.
+Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult` with `status`
+("routed", "clarify" or "out_of_scope"), `skills` (reading order), `clarify` (one question when
+the post names no symptom), `reason` (why it is out of scope), `evidence` (the router phrases each
+skill matched), `tools` and `confidence`. Everything it knows comes from the router skill,
+skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.md; see `router.py` for
+the structure), so editing those files changes routing; nothing about PyTorch is hard-coded here.
 
-How it scores, deterministically:
-1. The query is normalized (synonyms from "Words users use", light stemming, stop words).
+How it decides, deterministically:
+1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
+   dropped; the rest is normalized (synonyms from "Words users use", light stemming, stop words).
 2. Each skill's phrases are matched by coverage: the idf-weighted share of a phrase's terms
    present in the query (a phrase counts from 50% coverage; error messages also match in order).
    A skill's score is the sum of its best phrase scores, with diminishing weight.
-3. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first).
-4. With no real evidence, or a query that is only one of the vague phrasings, it asks the
-   clarifying question of the closest "Ask one question first" row.
+3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
+   outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
+   and the topic does not hold even then.
+4. With no evidence, or a post that says one of the "Ask one question first" phrasings and names
+   no symptom (only context: versions, hardware, hyper-parameters, topic keywords), it asks that
+   row's question.
+5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
+   rule needs its first skill to have evidence of its own, and words inside file paths do not
+   trigger rules.
 
 Known limitations: bag-of-terms matching: a symptom described in words the router never uses
-(and no synonym maps) is not recognized; non-English text gets the clarifying question.
+(and no synonym maps) is not recognized; non-English text gets the clarifying question; a
+question about another framework that never names it (nor any sign the table lists) is routed
+as if it were PyTorch.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from tools.skillpack.loader import ROUTER_NAME, SkillPack
-from tools.skillpack.router import PrecedenceRule, RouterTable, parse_router
-from tools.skillpack.text import GLUE_WORDS, Synonyms, terms
+from tools.skillpack.router import (
+    OutOfScopeTopic,
+    PrecedenceRule,
+    RouterFormatError,
+    RouterTable,
+    parse_router,
+)
+from tools.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
 
 MAX_QUERY_CHARS = 20_000  # longer input (a whole log) keeps its head and its tail, where errors are
 KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}
@@ -40,17 +58,39 @@ FOLLOW_RATIO = 0.45  # a second skill is listed when it scores this share of the
 # A precedence rule reorders only when its first skill has this share of the top score; a rule with
 # a single condition ("nan" -> debugging) needs more evidence than one with two ("nan" + "amp").
 RULE_MIN_SHARE = {True: 0.25, False: 0.6}
+# A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
+# phrase (not just topic keywords) scores at least this much.
+SYMPTOM_MIN = 1.5
+SYMPTOM_COVERAGE = 0.8  # ... and that phrase is (nearly) all there
+RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the rule's own words
+# Out of scope: a topic that declines "when it outweighs" (or "always") must reach this share of the
+# best skill score; an "unless PyTorch is named" topic needs only one sign.
+OUTWEIGHS = 0.4
+SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
+_WORDISH = re.compile(r"[^\s\"'(),`]+")
+_LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
 
 class RouteResult(BaseModel):
-    """Where a query belongs: skills in reading order, or one question to ask first."""
+    """Where a query belongs: skills in reading order, one question to ask first, or out of scope."""
 
+    status: Literal["routed", "clarify", "out_of_scope"] = Field(
+        description="routed: read `skills`; clarify: ask `clarify` first; out_of_scope: not PyTorch "
+        "engineering, say `reason` and route nothing"
+    )
     skills: list[str] = Field(
-        description="skills in reading order; the first is where to start (empty when clarify is set)"
+        description="skills in reading order; the first is where to start (empty unless status is routed)"
     )
     clarify: str | None = Field(
-        default=None, description="one clarifying question to ask when the query is too vague"
+        default=None, description="one clarifying question to ask when the post names no symptom"
+    )
+    out_of_scope: str | None = Field(
+        default=None, description="the out-of-scope topic the query is about (status out_of_scope)"
+    )
+    reason: str | None = Field(default=None, description="why the query is out of scope, to tell the user")
+    ignored_lines: int = Field(
+        default=0, description="lines dropped as not evidence (collect_env dump, issue-template headings)"
     )
     evidence: dict[str, list[str]] = Field(
         default_factory=dict, description="router phrases each listed skill matched in the query"
@@ -59,7 +99,9 @@ class RouteResult(BaseModel):
         default_factory=list, description="diagnostic tools the router names for the first skill"
     )
     rule: str | None = Field(default=None, description="the precedence rule that set the order, when one did")
-    confidence: float = Field(description="0 to 1: how clearly the evidence points at the first skill")
+    confidence: float = Field(
+        description="0 to 1: how clearly the evidence points at the first skill (or out of scope); 0 for clarify"
+    )
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
     )
@@ -74,6 +116,15 @@ class _Phrase:
     terms: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    scores: dict[str, float]  # skill -> score
+    phrases: dict[str, list[str]]  # skill -> the router phrases it matched, best first
+    ordered: list[str]  # the query's terms, in order
+    symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
+    pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
+
+
 def _truncate(query: str) -> str:
     if len(query) <= MAX_QUERY_CHARS:
         return query
@@ -83,6 +134,10 @@ def _truncate(query: str) -> str:
 
 class Router:
     def __init__(self, table: RouterTable):
+        if not any(phrase for section in table.routes.values() for phrase in section.all_phrases()):
+            raise RouterFormatError(
+                "the router table has no route phrases: parse SKILL.md together with references/routing-terms.md"
+            )
         self.table = table
         self.synonyms = Synonyms(table.synonyms)
         self.phrases: list[_Phrase] = []
@@ -101,13 +156,35 @@ class Router:
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
         self.rules = [(r, self._rule_terms(r)) for r in table.precedence]
+        # error messages long enough to recognize when pasted, with their words as rules read them
+        self.verbatim = {
+            p: set(terms(p.text, self.synonyms, GLUE_WORDS))
+            for p in self.phrases
+            if p.kind == "errors" and len(p.terms) >= 3
+        }
         self.vague = [
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
+        ]
+        self.vague_loose = [
+            (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
+            for case in table.ambiguous
+        ]
+        # signs are matched word for word, unstemmed: "tensorflow" must not match "tensor"
+        self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
+        self.topics = [
+            (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
         ]
 
     @classmethod
     def from_pack(cls, pack: SkillPack) -> Router:
-        return cls(parse_router(pack.get(ROUTER_NAME).body))
+        """The router of a loaded skill pack: the router's SKILL.md body and its references/*.md."""
+        skill = pack.get(ROUTER_NAME)
+        references = {
+            f.path: pack.read(ROUTER_NAME, f.path).decode("utf-8")
+            for f in skill.files
+            if f.path.startswith("references/") and f.path.endswith(".md")
+        }
+        return cls(parse_router(skill.body, references))
 
     def _rule_terms(self, rule: PrecedenceRule) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
         def conv(items: list[str]) -> list[tuple[str, ...]]:
@@ -116,30 +193,57 @@ class Router:
         return conv(rule.terms), conv(rule.together_with)
 
     # -- scoring --------------------------------------------------------------------------------
-    def _phrase_score(self, phrase: _Phrase, query: set[str], ordered: list[str]) -> float:
+    def _phrase_score(self, phrase: _Phrase, query: set[str], ordered: list[str]) -> tuple[float, float]:
+        """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x."""
         weights = [self.idf.get(t, 0.0) for t in phrase.terms]
         total = sum(weights)
         if total <= 0:
-            return 0.0
+            return 0.0, 0.0
         matched = sum(w for t, w in zip(phrase.terms, weights, strict=True) if t in query)
         coverage = matched / total
         if len(phrase.terms) == 1:
             coverage = 1.0 if phrase.terms[0] in query else 0.0
         if coverage < MIN_COVERAGE:
-            return 0.0
+            return 0.0, coverage
         score = KIND_WEIGHT[phrase.kind] * coverage**2 * (1 + math.log1p(matched))
         if phrase.kind == "errors" and len(phrase.terms) >= 3 and _in_order(phrase.terms, ordered):
-            score *= 1.5  # a pasted error message, word for word
-        return score
+            score *= 1.5
+        return score, coverage
+
+    def _skill_score(self, skill: str, found: _Evidence, without: set[str]) -> float:
+        """One skill's score on the query with the terms `without` left out."""
+        ordered = [t for t in found.ordered if t not in without]
+        qset = set(ordered)
+        hits = sorted(
+            (
+                s
+                for p in self.phrases
+                if p.skill == skill and (s := self._phrase_score(p, qset, ordered)[0]) > 0
+            ),
+            reverse=True,
+        )
+        term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
+        return sum(s / (1 + i) for i, s in enumerate(hits[:6])) + term_score
 
     def scores(self, query: str) -> tuple[dict[str, float], dict[str, list[str]], list[str]]:
+        """(score per skill, matched phrases per skill, the query's terms in order)."""
+        found = self._evidence(query)
+        return found.scores, found.phrases, found.ordered
+
+    def _evidence(self, query: str) -> _Evidence:
         ordered = terms(query, self.synonyms)
         qset = set(ordered)
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
+        symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
+        pasted: dict[str, set[str]] = {}
         for phrase in self.phrases:
-            s = self._phrase_score(phrase, qset, ordered)
+            s, coverage = self._phrase_score(phrase, qset, ordered)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
+                if phrase.kind != "keywords" and coverage >= SYMPTOM_COVERAGE:
+                    symptom[phrase.skill] = max(symptom[phrase.skill], s)
+                if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
+                    pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
         scores, evidence = {}, {}
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
@@ -148,19 +252,29 @@ class Router:
             term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        return scores, evidence, ordered
+        return _Evidence(scores, evidence, ordered, symptom, pasted)
 
-    def _fired_rule(self, qset: set[str], scores: dict[str, float]) -> PrecedenceRule | None:
-        """The most specific rule whose terms the query mentions and whose first skill has evidence."""
+    def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
+        """The most specific rule whose terms the query mentions and whose first skill has evidence
+        of its own: a share of the top score, and a symptom, error or example phrase (a keyword such
+        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough)."""
+        scores = found.scores
         top = max(scores.values(), default=0.0)
         best: tuple[int, int, PrecedenceRule] | None = None
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
-            if not any(set(t) <= qset for t in first_terms):
+            pasted = set().union(*(t for s, t in found.pasted.items() if s != rule.first))
+            terms_here = qset - pasted  # words of another skill's pasted message are that message's
+            if not any(set(t) <= terms_here for t in first_terms):
                 continue
-            if second_terms and not any(set(t) <= qset for t in second_terms):
+            if second_terms and not any(set(t) <= terms_here for t in second_terms):
                 continue
+            if not second_terms:
+                # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
+                own = {w for t in first_terms for w in t}
+                if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
+                    continue
             specificity = 1 if second_terms else 0
             key = (-specificity, index)
             if best is None or key < best[:2]:
@@ -181,25 +295,91 @@ class Router:
                     best_q, best = case.question, score
         return best_q, best
 
+    # -- what counts as evidence ----------------------------------------------------------------
+    def _drop_not_evidence(self, query: str) -> tuple[str, int]:
+        """The query without the lines the "Not evidence" table names, and how many were dropped."""
+        if not self.table.not_evidence:
+            return query, 0
+        kept, dropped = [], 0
+        for line in query.splitlines():
+            key = _LINE_LEAD.sub("", line.strip()).lower()
+            if key and any(_prefix_matches(p, key) for p in self.table.not_evidence):
+                dropped += 1
+            else:
+                kept.append(line)
+        return "\n".join(kept), dropped
+
+    def _names_pytorch(self, words: list[str]) -> bool:
+        return any(_near(sign, words) for sign in self.anchors)
+
+    def _out_of_scope(self, words: list[str], named: bool) -> tuple[OutOfScopeTopic | None, float, list[str]]:
+        """The out-of-scope topic whose signs the query shows most, its score and the signs seen."""
+        best: tuple[OutOfScopeTopic | None, float, list[str]] = (None, 0.0, [])
+        for topic, signs in self.topics:
+            if named and not topic.holds_when_named:
+                continue
+            seen = sorted(((text, t) for text, t in signs if _near(t, words)), key=lambda x: -len(x[1]))
+            score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
+            if score > best[1]:
+                best = (topic, round(score, 3), [text for text, _ in seen])
+        return best
+
+    def _vague_ask(self, loose: list[str]) -> str | None:
+        """The question of the "Ask one question first" row whose phrasing the post says, if any."""
+        best_q, best_len = None, 0
+        for case, phrasings in self.vague_loose:
+            for p in phrasings:
+                if p and len(p) > best_len and _near(p, loose, gap=1):
+                    best_q, best_len = case.question, len(p)
+        return best_q
+
     # -- the answer -----------------------------------------------------------------------------
     def route(self, query: str) -> RouteResult:
-        query = _truncate(query or "")
-        scores, evidence, ordered = self.scores(query)
+        query, ignored = self._drop_not_evidence(_truncate(query or ""))
+        found = self._evidence(query)
+        scores, evidence, ordered = found.scores, found.phrases, found.ordered
+        symptom = max(found.symptom.values(), default=0.0)
         qset = set(ordered)
-        loose = set(terms(query, self.synonyms, GLUE_WORDS))
+        loose = terms(query, self.synonyms, GLUE_WORDS)
         ranked = sorted(scores, key=lambda s: (-scores[s], s))
         top = scores[ranked[0]] if ranked else 0.0
-        question, vagueness = self._vague_question(qset, ordered)
-        if top < MIN_EVIDENCE or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE):
+        matched = {s: evidence[s] for s in ranked if evidence[s]}
+
+        words = _words(query)
+        named = self._names_pytorch(words) or bool(found.pasted)
+        topic, oos, signs = self._out_of_scope(words, named)
+        if topic is not None and (topic.declines == "unless" or oos >= OUTWEIGHS * top):
             return RouteResult(
+                status="out_of_scope",
                 skills=[],
-                clarify=question or DEFAULT_QUESTION,
-                evidence={s: evidence[s] for s in ranked if evidence[s]},
+                out_of_scope=topic.topic,
+                reason=topic.say,
+                evidence={"out of scope": signs, **matched},
+                confidence=round(min(1.0, oos / (oos + 0.5 * top + 1.0)), 2),
+                scores=scores,
+                ignored_lines=ignored,
+                summary=f"Out of scope ({topic.topic}): {topic.say}",
+            )
+
+        question, vagueness = self._vague_question(qset, ordered)
+        ask = self._vague_ask(loose)
+        if (
+            top < MIN_EVIDENCE
+            or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
+            or (ask is not None and symptom < SYMPTOM_MIN)
+        ):
+            return RouteResult(
+                status="clarify",
+                skills=[],
+                clarify=ask or question or DEFAULT_QUESTION,
+                evidence=matched,
                 confidence=0.0,
                 scores=scores,
-                summary="The query names no specific symptom; ask the question, then route on the answer.",
+                ignored_lines=ignored,
+                summary="The post names no specific symptom; ask the question, then route on the answer.",
             )
-        rule = self._fired_rule(loose, scores)
+        rule_terms = set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS))
+        rule = self._fired_rule(rule_terms, found)
         order: list[str] = []
         if rule is not None:
             order = [rule.first, *[s for s in rule.then if s != rule.first]]
@@ -218,14 +398,67 @@ class Router:
         if tools:
             summary += f" Run {' / '.join(tools)} on the user's code first."
         return RouteResult(
+            status="routed",
             skills=order,
             evidence={s: evidence[s] for s in order if evidence.get(s)},
             tools=tools,
             rule=f"{rule.source} table, line {rule.line}" if rule else None,
             confidence=confidence,
             scores=scores,
+            ignored_lines=ignored,
             summary=summary,
         )
+
+
+def _words(text: str) -> list[str]:
+    """Words for out-of-scope and PyTorch signs: lower-cased first (no CamelCase split), no stemming,
+    glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
+    out = []
+    for tok in tokens(text.lower()):
+        out.append(tok)
+        parts = [p for p in re.split(r"[./\-]", tok) if p]
+        for part in parts if len(parts) > 1 else []:
+            out.append(part)
+            pieces = [p for p in part.split("_") if p]
+            out.extend(pieces if len(pieces) > 1 else [])
+        if len(parts) == 1 and "_" in tok:
+            out.extend(p for p in tok.split("_") if p)
+    return [w for w in out if w not in GLUE_WORDS]
+
+
+def _prefix_matches(prefix: str, line: str) -> bool:
+    """A "Not evidence" prefix: ending in a letter or digit it must be the whole line (a heading)."""
+    if prefix.endswith("*"):
+        return line.startswith(prefix[:-1])
+    if prefix[-1].isalnum():
+        return line.rstrip(" :.!?") == prefix
+    return line.startswith(prefix)
+
+
+def _unpath(m: re.Match[str]) -> str:
+    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places, not symptoms: blank them for rules."""
+    word = m.group(0)
+    if word.startswith(("/", "~/", "./", "../")) or "\\" in word or word.count("/") >= 2:
+        return " "
+    return word
+
+
+def _near(needle: tuple[str, ...], haystack: list[str], gap: int = SIGN_GAP) -> bool:
+    """Whether needle's terms appear in haystack in order, at most `gap` other terms apart."""
+    if not needle:
+        return False
+    n = len(haystack)
+    for start in (i for i, h in enumerate(haystack) if h == needle[0]):
+        pos, ok = start, True
+        for t in needle[1:]:
+            nxt = next((j for j in range(pos + 1, min(n, pos + 2 + gap)) if haystack[j] == t), None)
+            if nxt is None:
+                ok = False
+                break
+            pos = nxt
+        if ok:
+            return True
+    return False
 
 
 def _in_order(needle: tuple[str, ...], haystack: list[str]) -> bool:
