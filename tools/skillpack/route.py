@@ -63,9 +63,11 @@ RULE_MIN_SHARE = {True: 0.25, False: 0.6}
 SYMPTOM_MIN = 1.5
 SYMPTOM_COVERAGE = 0.8  # ... and that phrase is (nearly) all there
 RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the rule's own words
-# Out of scope: a topic that declines "when it outweighs" (or "always") must reach this share of the
-# best skill score; an "unless PyTorch is named" topic needs only one sign.
-OUTWEIGHS = 0.4
+# Out of scope: how much of the best skill score a topic's signs must reach to decline. A topic
+# that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
+# PyTorch not named) a fifth; "always" (installs, PyTorch named or not) more, so that "pip install"
+# in passing does not decline a real PyTorch problem.
+OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
@@ -348,7 +350,7 @@ class Router:
         words = _words(query)
         named = self._names_pytorch(words) or bool(found.pasted)
         topic, oos, signs = self._out_of_scope(words, named)
-        if topic is not None and (topic.declines == "unless" or oos >= OUTWEIGHS * top):
+        if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
                 skills=[],
@@ -443,15 +445,23 @@ def _unpath(m: re.Match[str]) -> str:
     return word
 
 
+def _same(word: str, sign: str) -> bool:
+    """A query word matches a sign word exactly or as its plural ('dictionaries' for 'dictionary')."""
+    return word == sign or (
+        word.startswith(sign[:-1])
+        and word in (sign + "s", sign + "es", sign[:-1] + "ies" if sign.endswith("y") else sign + "s")
+    )
+
+
 def _near(needle: tuple[str, ...], haystack: list[str], gap: int = SIGN_GAP) -> bool:
     """Whether needle's terms appear in haystack in order, at most `gap` other terms apart."""
     if not needle:
         return False
     n = len(haystack)
-    for start in (i for i, h in enumerate(haystack) if h == needle[0]):
+    for start in (i for i, h in enumerate(haystack) if _same(h, needle[0])):
         pos, ok = start, True
         for t in needle[1:]:
-            nxt = next((j for j in range(pos + 1, min(n, pos + 2 + gap)) if haystack[j] == t), None)
+            nxt = next((j for j in range(pos + 1, min(n, pos + 2 + gap)) if _same(haystack[j], t)), None)
             if nxt is None:
                 ok = False
                 break
