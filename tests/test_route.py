@@ -285,3 +285,20 @@ def test_a_router_table_without_term_lists_is_refused():
     body = SkillPack.load(DEFAULT_SKILLS_DIR).get(ROUTER_NAME).body
     with pytest.raises(RouterFormatError, match="routing-terms"):
         Router(parse_router(body))
+
+
+def test_a_request_for_review_of_a_setup_gets_the_question(router: Router):
+    """No symptom, a help word, and no question that names anything routable: ask first."""
+    result = router.route(
+        "Looking for feedback on my segmentation setup: DeepLabv3+, 1024px tiles, batch 4, poly LR 0.01, 2x A100."
+    )
+    assert result.status == "clarify"
+
+
+def test_a_help_word_next_to_a_routable_question_is_routed(router: Router):
+    """'any advice' does not hide a question the routes know."""
+    result = router.route(
+        "Any advice? How do I set up gradient clipping with GradScaler under fp16 autocast?"
+    )
+    assert result.status == "routed"
+    assert result.skills[0] == "mixed-precision-and-optimization"

@@ -81,7 +81,7 @@ def test_the_term_lists_live_in_the_reference_and_not_in_the_skill_body():
 
 
 def test_out_of_scope_and_not_evidence_tables_are_read(table):
-    """What to decline, what names PyTorch and which pasted lines to ignore all come from the file."""
+    """What to decline, what names PyTorch, which pasted lines to ignore and the help words come from the file."""
     topics = {t.topic: t for t in table.out_of_scope}
     assert "tensorflow" in topics["TensorFlow or Keras"].signs
     assert topics["TensorFlow or Keras"].declines == "unless"
@@ -89,6 +89,7 @@ def test_out_of_scope_and_not_evidence_tables_are_read(table):
     assert all(t.say for t in table.out_of_scope)
     assert "torch" in table.pytorch_signs
     assert "pytorch version:" in table.not_evidence
+    assert "advice" in table.help_words
 
 
 def test_an_out_of_scope_row_without_a_declines_value_names_its_line():

@@ -16,9 +16,10 @@ How it decides, deterministically:
 3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
    outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
    and the topic does not hold even then.
-4. With no evidence, or a post that says one of the "Ask one question first" phrasings and names
-   no symptom (only context: versions, hardware, hyper-parameters, topic keywords), it asks that
-   row's question.
+4. With no evidence, or a post that names no symptom (only context: versions, hardware,
+   hyper-parameters, topic keywords) and either says one of the "Ask one question first"
+   phrasings or asks for help or review in its "Help words" while none of its question sentences
+   names anything routable on its own, it asks the question.
 5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own, and words inside file paths do not
    trigger rules.
@@ -62,6 +63,7 @@ RULE_MIN_SHARE = {True: 0.25, False: 0.6}
 # phrase (not just topic keywords) scores at least this much.
 SYMPTOM_MIN = 1.5
 SYMPTOM_COVERAGE = 0.8  # ... and that phrase is (nearly) all there
+SYMPTOM_KINDS = ("symptoms", "errors", "examples")
 RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the rule's own words
 # Out of scope: how much of the best skill score a topic's signs must reach to decline. A topic
 # that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
@@ -70,6 +72,11 @@ RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the
 OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
+QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
+_SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
+_ASKING = frozenset(
+    "how what whats which why when where should can could is are does do did will would any anyone".split()
+)
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
@@ -167,6 +174,7 @@ class Router:
         self.vague = [
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
         ]
+        self.help_words = [w for h in table.help_words for w in _words(h)]
         self.vague_loose = [
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
             for case in table.ambiguous
@@ -242,7 +250,7 @@ class Router:
             s, coverage = self._phrase_score(phrase, qset, ordered)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
-                if phrase.kind != "keywords" and coverage >= SYMPTOM_COVERAGE:
+                if phrase.kind in SYMPTOM_KINDS and coverage >= SYMPTOM_COVERAGE:
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
@@ -326,6 +334,13 @@ class Router:
                 best = (topic, round(score, 3), [text for text, _ in seen])
         return best
 
+    def _asks_for_help(self, query: str, words: list[str]) -> bool:
+        """A request for help or review ("Help words") whose questions name nothing routable."""
+        if not any(_same(w, h) for w in words for h in self.help_words):
+            return False
+        questions = [s for s in _SENTENCE.split(query) if _is_question(s)]
+        return all(max(self._evidence(q).scores.values(), default=0.0) < QUESTION_MIN for q in questions)
+
     def _vague_ask(self, loose: list[str]) -> str | None:
         """The question of the "Ask one question first" row whose phrasing the post says, if any."""
         best_q, best_len = None, 0
@@ -368,7 +383,7 @@ class Router:
         if (
             top < MIN_EVIDENCE
             or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-            or (ask is not None and symptom < SYMPTOM_MIN)
+            or (symptom < SYMPTOM_MIN and (ask is not None or self._asks_for_help(query, words)))
         ):
             return RouteResult(
                 status="clarify",
@@ -412,6 +427,13 @@ class Router:
         )
 
 
+def _is_question(sentence: str) -> bool:
+    """A sentence that asks: it ends with '?' or starts with an asking word ('how', 'should', ...)."""
+    sentence = sentence.strip()
+    first = re.sub(r"[^a-z]", "", sentence.split()[0].lower()) if sentence else ""
+    return sentence.endswith("?") or first in _ASKING
+
+
 def _words(text: str) -> list[str]:
     """Words for out-of-scope and PyTorch signs: lower-cased first (no CamelCase split), no stemming,
     glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
@@ -433,7 +455,7 @@ def _prefix_matches(prefix: str, line: str) -> bool:
     if prefix.endswith("*"):
         return line.startswith(prefix[:-1])
     if prefix[-1].isalnum():
-        return line.rstrip(" :.!?") == prefix
+        return line.rstrip(" :.!?*_") == prefix
     return line.startswith(prefix)
 
 
