@@ -302,3 +302,18 @@ def test_a_help_word_next_to_a_routable_question_is_routed(router: Router):
     )
     assert result.status == "routed"
     assert result.skills[0] == "mixed-precision-and-optimization"
+
+
+def test_a_listed_setup_with_a_question_that_names_nothing_gets_the_question(router: Router):
+    """Setup words next to numbers ('lr 3e-4', 'batch 64') are a setup, not a symptom."""
+    result = router.route("GCN, 3 layers, hidden 128, lr 5e-3, batch 64, 200 epochs. Is this normal?")
+    assert result.status == "clarify"
+
+
+def test_a_listed_setup_next_to_a_routable_question_is_routed(router: Router):
+    """The same setup with a question about a named API routes on that question."""
+    result = router.route(
+        "ResNet-50, batch 256, lr 0.1, 90 epochs on 8 GPUs. How do I set up DistributedSampler so each rank "
+        "sees different data?"
+    )
+    assert result.skills[0] == "distributed-training-strategies"

@@ -18,8 +18,8 @@ How it decides, deterministically:
    and the topic does not hold even then.
 4. With no evidence, or a post that names no symptom (only context: versions, hardware,
    hyper-parameters, topic keywords) and either says one of the "Ask one question first"
-   phrasings or asks for help or review in its "Help words" while none of its question sentences
-   names anything routable on its own, it asks the question.
+   phrasings, or asks for help or review ("Help words") or lists its setup ("Setup words" next
+   to numbers) while none of its question sentences names anything routable on its own, it asks.
 5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own, and words inside file paths do not
    trigger rules.
@@ -73,6 +73,7 @@ OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
+SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
 _ASKING = frozenset(
     "how what whats which why when where should can could is are does do did will would any anyone".split()
@@ -175,6 +176,7 @@ class Router:
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
         ]
         self.help_words = [w for h in table.help_words for w in _words(h)]
+        self.setup_words = frozenset(w.lower() for w in table.setup_words)
         self.vague_loose = [
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
             for case in table.ambiguous
@@ -335,8 +337,10 @@ class Router:
         return best
 
     def _asks_for_help(self, query: str, words: list[str]) -> bool:
-        """A request for help or review ("Help words") whose questions name nothing routable."""
-        if not any(_same(w, h) for w in words for h in self.help_words):
+        """A request for help or review ("Help words") or a listed setup ("Setup words" next to
+        numbers), while none of the post's questions names anything routable on its own."""
+        asks = any(_same(w, h) for w in words for h in self.help_words)
+        if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
         questions = [s for s in _SENTENCE.split(query) if _is_question(s)]
         return all(max(self._evidence(q).scores.values(), default=0.0) < QUESTION_MIN for q in questions)
@@ -425,6 +429,19 @@ class Router:
             ignored_lines=ignored,
             summary=summary,
         )
+
+
+_SETUP_TOKEN = re.compile(r"[A-Za-z_]+|\d[\w.+\-]*")
+
+
+def _setup_pairs(text: str, setup_words: frozenset[str]) -> int:
+    """How many setup words stand within two tokens of a number: 'batch 64', 'lr: 3e-4', '8 GPUs'."""
+    toks = _SETUP_TOKEN.findall(text.lower())
+    return sum(
+        1
+        for i, t in enumerate(toks)
+        if t in setup_words and any(x[0].isdigit() for x in toks[max(0, i - 2) : i] + toks[i + 1 : i + 3])
+    )
 
 
 def _is_question(sentence: str) -> bool:

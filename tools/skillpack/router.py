@@ -20,8 +20,10 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   each row is a rule: symptom terms -> right first stop (the tempting one is not read).
 - `## Ask one question first` is a table `| The post says only | Ask |`: vague phrasings and the
   one clarifying question to ask for them (route() asks it when a post says one of them and
-  names no symptom, however much detail it carries), and a `**Help words:** a, b` line: words of
-  a request for help or review that make a symptomless post without a routable question vague.
+  names no symptom, however much detail it carries), a `**Help words:** a, b` line (words of a
+  request for help or review) and a `**Setup words:** a, b` line (hyper-parameter and hardware
+  words that, next to a number, list a setup): either makes a symptomless post without a routable
+  question vague.
 - `## Words users use` is a table `| Users write | Read it as |`: synonyms applied to the query.
 - `## Out of scope` is a table `| Topic | The query mentions | Declines | Say |`: signs of a
   question that is not PyTorch engineering, when the row holds (`unless PyTorch is named`,
@@ -116,6 +118,7 @@ class RouterTable:
     pytorch_signs: list[str] = field(default_factory=list)
     not_evidence: list[str] = field(default_factory=list)  # line prefixes, lower-cased
     help_words: list[str] = field(default_factory=list)  # "Help words:" of "Ask one question first"
+    setup_words: list[str] = field(default_factory=list)  # "Setup words:" of "Ask one question first"
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -353,19 +356,31 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
             for word in _split_terms(cells[0]):
                 synonyms[word.lower()] = _clean(cells[1]).lower()
     topics, signs = _parse_out_of_scope(_find(sections, "out of scope") or [])
-    help_words = [
-        word.lower()
-        for _file, _lineno, line in _find(sections, "ask one question") or []
-        if (lm := _LABEL.match(line.strip())) and lm.group(1).strip().lower() == "help words"
-        for word in _split_terms(lm.group(2))
-    ]
+    ask_section = _find(sections, "ask one question") or []
+    help_words, setup_words = (
+        [
+            word.lower()
+            for _file, _lineno, line in ask_section
+            if (lm := _LABEL.match(line.strip())) and lm.group(1).strip().lower() == label
+            for word in _split_terms(lm.group(2))
+        ]
+        for label in ("help words", "setup words")
+    )
     not_evidence = [
         prefix.lower()
         for _file, _lineno, cells in _table_rows(_find(sections, "not evidence") or [])
         for prefix in _split_terms(cells[0])
     ]
     return RouterTable(
-        routes, _parse_rules(sections), ambiguous, synonyms, topics, signs, not_evidence, help_words
+        routes,
+        _parse_rules(sections),
+        ambiguous,
+        synonyms,
+        topics,
+        signs,
+        not_evidence,
+        help_words,
+        setup_words,
     )
 
 
