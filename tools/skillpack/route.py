@@ -73,6 +73,7 @@ OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
+MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
 _ASKING = frozenset(
@@ -176,6 +177,10 @@ class Router:
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
         ]
         self.help_words = [w for h in table.help_words for w in _words(h)]
+        # "Not evidence": a prefix ending in a letter or digit is a heading (the whole line); one
+        # ending in "*" or punctuation drops every line that starts with it
+        self._headings = frozenset(p for p in table.not_evidence if p[-1].isalnum())
+        self._line_prefixes = tuple(p.rstrip("*") for p in table.not_evidence if not p[-1].isalnum())
         self.setup_words = frozenset(w.lower() for w in table.setup_words)
         self.vague_loose = [
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
@@ -315,42 +320,44 @@ class Router:
         kept, dropped = [], 0
         for line in query.splitlines():
             key = _LINE_LEAD.sub("", line.strip()).lower()
-            if key and any(_prefix_matches(p, key) for p in self.table.not_evidence):
+            if key and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings):
                 dropped += 1
             else:
                 kept.append(line)
         return "\n".join(kept), dropped
 
-    def _names_pytorch(self, words: list[str]) -> bool:
-        return any(_near(sign, words) for sign in self.anchors)
+    def _names_pytorch(self, words: _Positions) -> bool:
+        return any(words.near(sign) for sign in self.anchors)
 
-    def _out_of_scope(self, words: list[str], named: bool) -> tuple[OutOfScopeTopic | None, float, list[str]]:
+    def _out_of_scope(
+        self, words: _Positions, named: bool
+    ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
         """The out-of-scope topic whose signs the query shows most, its score and the signs seen."""
         best: tuple[OutOfScopeTopic | None, float, list[str]] = (None, 0.0, [])
         for topic, signs in self.topics:
             if named and not topic.holds_when_named:
                 continue
-            seen = sorted(((text, t) for text, t in signs if _near(t, words)), key=lambda x: -len(x[1]))
+            seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
             if score > best[1]:
                 best = (topic, round(score, 3), [text for text, _ in seen])
         return best
 
-    def _asks_for_help(self, query: str, words: list[str]) -> bool:
+    def _asks_for_help(self, query: str, words: _Positions) -> bool:
         """A request for help or review ("Help words") or a listed setup ("Setup words" next to
         numbers), while none of the post's questions names anything routable on its own."""
-        asks = any(_same(w, h) for w in words for h in self.help_words)
+        asks = any(words.has(h) for h in self.help_words)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
-        questions = [s for s in _SENTENCE.split(query) if _is_question(s)]
+        questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
         return all(max(self._evidence(q).scores.values(), default=0.0) < QUESTION_MIN for q in questions)
 
-    def _vague_ask(self, loose: list[str]) -> str | None:
+    def _vague_ask(self, loose: _Positions) -> str | None:
         """The question of the "Ask one question first" row whose phrasing the post says, if any."""
         best_q, best_len = None, 0
         for case, phrasings in self.vague_loose:
             for p in phrasings:
-                if p and len(p) > best_len and _near(p, loose, gap=1):
+                if p and len(p) > best_len and loose.near(p, gap=1):
                     best_q, best_len = case.question, len(p)
         return best_q
 
@@ -361,12 +368,12 @@ class Router:
         scores, evidence, ordered = found.scores, found.phrases, found.ordered
         symptom = max(found.symptom.values(), default=0.0)
         qset = set(ordered)
-        loose = terms(query, self.synonyms, GLUE_WORDS)
+        loose = _Positions(terms(query, self.synonyms, GLUE_WORDS))
         ranked = sorted(scores, key=lambda s: (-scores[s], s))
         top = scores[ranked[0]] if ranked else 0.0
         matched = {s: evidence[s] for s in ranked if evidence[s]}
 
-        words = _words(query)
+        words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
         topic, oos, signs = self._out_of_scope(words, named)
         if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
@@ -467,15 +474,6 @@ def _words(text: str) -> list[str]:
     return [w for w in out if w not in GLUE_WORDS]
 
 
-def _prefix_matches(prefix: str, line: str) -> bool:
-    """A "Not evidence" prefix: ending in a letter or digit it must be the whole line (a heading)."""
-    if prefix.endswith("*"):
-        return line.startswith(prefix[:-1])
-    if prefix[-1].isalnum():
-        return line.rstrip(" :.!?*_") == prefix
-    return line.startswith(prefix)
-
-
 def _unpath(m: re.Match[str]) -> str:
     """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places, not symptoms: blank them for rules."""
     word = m.group(0)
@@ -484,30 +482,41 @@ def _unpath(m: re.Match[str]) -> str:
     return word
 
 
-def _same(word: str, sign: str) -> bool:
-    """A query word matches a sign word exactly or as its plural ('dictionaries' for 'dictionary')."""
-    return word == sign or (
-        word.startswith(sign[:-1])
-        and word in (sign + "s", sign + "es", sign[:-1] + "ies" if sign.endswith("y") else sign + "s")
-    )
+def _forms(word: str) -> tuple[str, ...]:
+    """A sign word and its plurals: 'dictionary' -> ('dictionary', 'dictionarys', 'dictionaryes', 'dictionaries')."""
+    return (word, word + "s", word + "es", *((word[:-1] + "ies",) if word.endswith("y") else ()))
 
 
-def _near(needle: tuple[str, ...], haystack: list[str], gap: int = SIGN_GAP) -> bool:
-    """Whether needle's terms appear in haystack in order, at most `gap` other terms apart."""
-    if not needle:
+class _Positions:
+    """Where each word of a query stands, to find signs in order without rescanning the query.
+
+    Use `_Positions(words).near(("install", "cuda"))`: the needle's words in order, each at most
+    `gap` other words after the previous one; a word also matches its plural.
+    """
+
+    def __init__(self, words: list[str]):
+        self._at: dict[str, list[int]] = {}
+        for i, w in enumerate(words):
+            self._at.setdefault(w, []).append(i)
+
+    def of(self, word: str) -> list[int]:
+        return sorted(i for form in _forms(word) for i in self._at.get(form, ()))
+
+    def has(self, word: str) -> bool:
+        return any(form in self._at for form in _forms(word))
+
+    def near(self, needle: tuple[str, ...], gap: int = SIGN_GAP) -> bool:
+        if not needle or not all(self.has(t) for t in needle):
+            return False
+        following = [self.of(t) for t in needle[1:]]
+        for pos in self.of(needle[0]):
+            for places in following:
+                pos = next((j for j in places if pos < j <= pos + 1 + gap), -1)
+                if pos < 0:
+                    break
+            else:
+                return True
         return False
-    n = len(haystack)
-    for start in (i for i, h in enumerate(haystack) if _same(h, needle[0])):
-        pos, ok = start, True
-        for t in needle[1:]:
-            nxt = next((j for j in range(pos + 1, min(n, pos + 2 + gap)) if _same(haystack[j], t)), None)
-            if nxt is None:
-                ok = False
-                break
-            pos = nxt
-        if ok:
-            return True
-    return False
 
 
 def _in_order(needle: tuple[str, ...], haystack: list[str]) -> bool:
