@@ -3,7 +3,8 @@
 Use `table = parse_router(skill_md_body, references={"references/routing-terms.md": text})`, or
 `load_router_table(folder)` for a skill folder on disk; `route.Router(table)` does the routing.
 The router's SKILL.md and its references/ files are the single source of routing knowledge, so
-their structure is a contract. Level-2 sections are looked up by title in any of those files:
+their structure is a contract. Level-2 sections are looked up by title in any of those files
+(a title used in two files is one section, the SKILL.md lines first):
 
 - `## Start here` is a table `| The user reports or asks | Skill | Run first |`: one row per
   specialist, the skill in backticks, the diagnostic tools to call in backticks in the last cell
