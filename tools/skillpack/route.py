@@ -60,7 +60,7 @@ FOLLOW_RATIO = 0.45  # a second skill is listed when it scores this share of the
 # a single condition ("nan" -> debugging) needs more evidence than one with two ("nan" + "amp").
 RULE_MIN_SHARE = {True: 0.25, False: 0.6}
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
-# phrase (not just topic keywords) scores at least this much.
+# phrase (not just topic keywords) scores at least this much ("names a symptom").
 SYMPTOM_MIN = 1.5
 SYMPTOM_COVERAGE = 0.8  # ... and that phrase is (nearly) all there
 SYMPTOM_KINDS = ("symptoms", "errors", "examples")
@@ -71,10 +71,12 @@ RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the
 # in passing does not decline a real PyTorch problem.
 OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
-_WORDISH = re.compile(r"[^\s\"'(),`]+")
+# A symptomless post that asks for help or lists its setup is vague unless one of its questions
+# names something routable on its own.
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
 MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
+_WORDISH = re.compile(r"[^\s\"'(),`]+")
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
 _ASKING = frozenset(
     "how what whats which why when where should can could is are does do did will would any anyone".split()
