@@ -148,7 +148,7 @@ def test_a_question_that_is_not_pytorch_engineering_is_declined(router: Router, 
     assert result.status == "out_of_scope"
     assert result.skills == [] and result.clarify is None
     assert result.reason and result.out_of_scope
-    assert result.evidence["out of scope"]
+    assert result.out_of_scope_signs
     assert 0 < result.confidence <= 1
 
 

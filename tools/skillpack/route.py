@@ -102,6 +102,9 @@ class RouteResult(BaseModel):
         default=None, description="the out-of-scope topic the query is about (status out_of_scope)"
     )
     reason: str | None = Field(default=None, description="why the query is out of scope, to tell the user")
+    out_of_scope_signs: list[str] = Field(
+        default_factory=list, description="the out-of-scope signs the query showed (status out_of_scope)"
+    )
     ignored_lines: int = Field(
         default=0, description="lines dropped as not evidence (collect_env dump, issue-template headings)"
     )
@@ -384,7 +387,8 @@ class Router:
                 skills=[],
                 out_of_scope=topic.topic,
                 reason=topic.say,
-                evidence={"out of scope": signs, **matched},
+                out_of_scope_signs=signs,
+                evidence=matched,
                 confidence=round(min(1.0, oos / (oos + 0.5 * top + 1.0)), 2),
                 scores=scores,
                 ignored_lines=ignored,
