@@ -1,11 +1,22 @@
 """Routing accuracy of the `route` tool on the labelled query sets in evals/routing/.
 
+Labels: the first skill, "clarify" (the post names no symptom: ask one question) or "decline"
+(not PyTorch engineering: `status` "out_of_scope").
+
 - dev.yaml: written with the router; its tables may be tuned against it.
 - heldout.yaml, heldout2.yaml: written blind by people who never saw the router; each was
   measured once untuned (82.3% and 84.4% top-1) and then used to improve the router's tables.
 - heldout3.yaml: written blind after those improvements and never tuned against (91.3% top-1
-  when first measured): the honest number. Do not edit the router to fix its misses; write a
-  new blind set instead when this one has been used up.
+  when first measured). Do not edit the router to fix its misses.
+- offtopic.yaml, vague.yaml, userwords.yaml (issue 15): off-topic questions to decline, detailed
+  posts that name no symptom, module-design and mixed-precision questions in users' own words
+  and stray trigger words. Written before the issue-15 changes and tuned against.
+- blind4.yaml, blind5.yaml, blind6.yaml: each written after a round of issue-15 changes without
+  the router's tables at hand, measured once untuned (routable / clarify / decline recall:
+  60/64, 4/16, 14/16; 58/64, 1/16, 13/16; 54/64, 6/20, 12/16), then used to improve the router.
+- blind7.yaml: written after the last change and never tuned against (60/64 routable, 17/20
+  clarified, 14/16 declined, none routable declined when first measured): the honest number.
+  Do not edit the router to fix its misses; write a new blind set when it has been used up.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from mcp import Client
 from evals import baseline, scoring
 
 SETS = sorted(Path(__file__).with_name("routing").glob("*.yaml"))
+ANSWER = {"clarify": "clarify", "out_of_scope": "decline"}  # route's status -> the label it answers
 
 
 async def _route(client: Client, query: str) -> dict:
@@ -31,19 +43,15 @@ async def _route(client: Client, query: str) -> dict:
 async def test_routing_does_not_regress_on_the_query_set(client: Client, path: Path):
     """Every query routed right at the baseline still is; the score goes into the table."""
     items = yaml.safe_load(path.read_text())
-    score = scoring.RoutingScore(path.stem, len(items), 0, 0, 0, 0, 0)
+    score = scoring.RoutingScore(path.stem)
     misses: list[str] = []
     for item in items:
         got = await _route(client, item["query"])
-        first = "clarify" if got["clarify"] else got["skills"][0]
-        ok = first == item["expect"]
+        first = ANSWER.get(got["status"]) or got["skills"][0]
+        ok = score.add(item["expect"], first)
         kind = item.get("kind", "plain")
         done, total = score.by_kind.get(kind, (0, 0))
         score.by_kind[kind] = (done + ok, total + 1)
-        score.correct += ok
-        if item["expect"] == "clarify":
-            score.clarify_expected += 1
-            score.clarify_correct += ok
         for follow in item.get("next", []) or []:
             score.next_expected += 1
             score.next_found += follow in got["skills"]

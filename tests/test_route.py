@@ -9,12 +9,15 @@ import pytest
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
 from torch_skills.skillpack.route import Router
+from torch_skills.skillpack.router import RouterFormatError, parse_router
 
 
 @pytest.fixture(scope="module")
 def router() -> Router:
     return Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
 
+
+TERMS = "references/routing-terms.md"
 
 ROUTES = [
     ("CUDA out of memory. Tried to allocate 20.00 MiB", "tensor-operations-and-memory"),
@@ -92,13 +95,13 @@ def test_a_one_megabyte_log_is_routed_by_its_error_line(router: Router):
 
 
 def test_routing_follows_edits_to_the_router_skill(tmp_path: Path):
-    """The router's SKILL.md is the only source of routing knowledge."""
+    """The router skill's files (SKILL.md and its routing-terms reference) are the only source."""
     skills = tmp_path / "skills"
     shutil.copytree(DEFAULT_SKILLS_DIR, skills)
     query = "my flux capacitor overheats"
     before = Router.from_pack(SkillPack.load(skills)).route(query)
     assert before.clarify is not None
-    router_md = skills / ROUTER_NAME / "SKILL.md"
+    router_md = skills / ROUTER_NAME / TERMS
     text = router_md.read_text()
     router_md.write_text(
         text.replace(
@@ -118,3 +121,199 @@ def test_confidence_is_higher_for_a_pasted_error_than_for_a_two_sided_query(rout
     )
     mixed = router.route("save memory and time")
     assert 0 <= mixed.confidence < clear.confidence <= 1
+
+
+def test_a_routed_answer_says_so_in_its_status(router: Router):
+    """Clients test `status`; a routed answer has skills and no question or reason."""
+    result = router.route("loss turns into nan around step 4000")
+    assert result.status == "routed"
+    assert result.clarify is None and result.reason is None and result.out_of_scope is None
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Keras model.fit runs out of GPU memory, how do I enable memory growth in tf 2.15?",
+        "jax.jit recompiles my train_step every call",
+        "pandas groupby apply is slow on 10M rows",
+        "sklearn GridSearchCV eats all my RAM",
+        "How do I install the CUDA 12.4 toolkit next to my NVIDIA driver on Ubuntu?",
+        "Can you explain the intuition behind the bias-variance tradeoff?",
+        "python asyncio: run 100 HTTP requests concurrently",
+    ],
+)
+def test_a_question_that_is_not_pytorch_engineering_is_declined(router: Router, query: str):
+    """Another framework, an install, theory or plain Python: no skill, a reason, a testable status."""
+    result = router.route(query)
+    assert result.status == "out_of_scope"
+    assert result.skills == [] and result.clarify is None
+    assert result.reason and result.out_of_scope
+    assert result.out_of_scope_signs
+    assert 0 < result.confidence <= 1
+
+
+def test_porting_a_keras_model_to_pytorch_is_routed(router: Router):
+    """A named PyTorch keeps a question about another framework in scope."""
+    result = router.route("porting my Keras model to PyTorch, the outputs differ after I copy the weights")
+    assert result.status == "routed"
+
+
+def test_a_pasted_pytorch_error_keeps_a_question_in_scope(router: Router):
+    """A PyTorch error message word for word names PyTorch even when sklearn is mentioned."""
+    result = router.route(
+        "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n"
+        "I compute my metric with sklearn and turn it back into a tensor for the loss"
+    )
+    assert result.skills[0] == "debugging-techniques"
+
+
+def test_an_install_problem_is_declined_even_when_it_names_torch(router: Router):
+    """The install row holds when PyTorch is named, if its signs outweigh the skills' evidence."""
+    result = router.route(
+        "torch.cuda.is_available() is False on my new laptop, I did pip install torch and the nvidia driver is 551"
+    )
+    assert result.status == "out_of_scope"
+
+
+COLLECT_ENV = """
+PyTorch version: 2.1.2+cu121
+Is debug build: False
+CUDA used to build PyTorch: 12.1
+OS: Ubuntu 22.04.3 LTS (x86_64)
+Python version: 3.10.13 (main, Sep 11 2023, 13:44:35) [GCC 11.2.0] (64-bit runtime)
+Is CUDA available: True
+GPU models and configuration:
+GPU 0: NVIDIA GeForce RTX 4090
+Nvidia driver version: 545.23.08
+cuDNN version: Probably one of the following:
+/usr/lib/x86_64-linux-gnu/libcudnn.so.8.9.6
+Vulnerability Spectre v1: Mitigation; usercopy/swapgs barriers
+Versions of relevant libraries:
+[pip3] torch==2.1.2
+[conda] pytorch-cuda 12.1 ha16c6d3_5 pytorch
+"""
+
+
+def test_a_collect_env_dump_is_not_evidence(router: Router):
+    """A version dump with no symptom gets the question; its lines are reported as ignored."""
+    result = router.route("Something seems wrong with my training, env below." + COLLECT_ENV)
+    assert result.status == "clarify"
+    assert result.ignored_lines >= 12
+    assert "tensor-operations-and-memory" not in result.evidence
+
+
+def test_a_symptom_next_to_a_collect_env_dump_is_still_routed(router: Router):
+    """Dropping the dump leaves the user's own words: the symptom routes."""
+    result = router.route("Loss becomes NaN after 3 epochs with fp16, any ideas?" + COLLECT_ENV)
+    assert result.skills[0] == "debugging-techniques"
+
+
+def test_issue_template_headings_are_not_evidence(router: Router):
+    """'Describe the bug', 'Versions', 'Expected behavior' say nothing about the symptom."""
+    post = (
+        "### 🐛 Describe the bug\n\nIt does not behave as expected.\n\n"
+        "### Expected behavior\n\nIt should work.\n\n### Versions\n" + COLLECT_ENV
+    )
+    result = router.route(post)
+    assert result.status == "clarify"
+    assert result.ignored_lines >= 15
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "ViT-B/16 on 8x A100, batch 1024, AdamW lr 3e-4 wd 0.05, cosine, bf16 autocast. Results are bad, any ideas?",
+        "Fine-tuning a 7B model with FSDP on 2 nodes, lr 2e-5, grad accumulation 8. What am I doing wrong?",
+        "config: {'optimizer': 'sgd', 'lr': 0.1, 'amp': true, 'num_gpus': 8}. Can anyone spot the problem?",
+    ],
+)
+def test_a_detailed_post_that_names_no_symptom_gets_the_question(router: Router, query: str):
+    """Hardware, versions and hyper-parameters are context, not a symptom: ask first."""
+    result = router.route(query)
+    assert result.status == "clarify"
+    assert result.clarify and result.clarify.endswith("?")
+
+
+def test_a_vague_phrase_next_to_a_real_symptom_is_routed(router: Router):
+    """'any ideas?' does not hide an out-of-memory error."""
+    result = router.route("CUDA out of memory. Tried to allocate 2.00 GiB after a few batches. Any ideas?")
+    assert result.skills[0] == "tensor-operations-and-memory"
+
+
+def test_a_word_inside_a_file_path_does_not_fire_a_precedence_rule(router: Router):
+    """'speed' in ~/experiments/speed_test/ is a folder name, not a slowness report."""
+    result = router.route(
+        "DDP job in ~/experiments/speed_test/ hangs at init_process_group on the second node"
+    )
+    assert result.skills[0] == "distributed-training-strategies"
+
+
+def test_a_loss_that_decreases_slowly_is_not_a_speed_problem(router: Router):
+    """Slow convergence is about numbers, not step time, even with amp in the picture."""
+    result = router.route("with amp on, my loss decreases slowly compared to fp32")
+    assert result.skills[0] != "performance-profiling"
+
+
+def test_the_tf32_warning_goes_to_mixed_precision(router: Router):
+    """The warning's 'utilize' is the warning's word: it does not fire the utilization rule."""
+    result = router.route(
+        "You are using a CUDA device ('NVIDIA A100') that has Tensor Cores. To properly utilize them, you "
+        "should set `torch.set_float32_matmul_precision('medium' | 'high')` which will trade-off precision "
+        "for performance. Should I set it?"
+    )
+    assert result.skills[0] == "mixed-precision-and-optimization"
+
+
+def test_an_occasional_reduced_loss_scale_goes_to_mixed_precision(router: Router):
+    """The fp16 scaler skipping a step now and then is the scaler working, not a NaN hunt."""
+    result = router.route(
+        "Gradient overflow. Skipping step, reducing loss scale to 32768 every few hundred steps with fp16"
+    )
+    assert result.skills[0] == "mixed-precision-and-optimization"
+
+
+def test_a_collapsing_loss_scale_goes_to_debugging(router: Router):
+    """A scale that keeps dropping means non-finite gradients every step: find where they come from."""
+    result = router.route(
+        "with fp16 and GradScaler the scale keeps dropping until it is 0 and the loss is nan"
+    )
+    assert result.skills[0] == "debugging-techniques"
+
+
+def test_a_router_table_without_term_lists_is_refused():
+    """The SKILL.md body alone has no phrases: the Router says to parse the reference too."""
+    body = SkillPack.load(DEFAULT_SKILLS_DIR).get(ROUTER_NAME).body
+    with pytest.raises(RouterFormatError, match="routing-terms"):
+        Router(parse_router(body))
+
+
+def test_a_request_for_review_of_a_setup_gets_the_question(router: Router):
+    """No symptom, a help word, and no question that names anything routable: ask first."""
+    result = router.route(
+        "Looking for feedback on my segmentation setup: DeepLabv3+, 1024px tiles, batch 4, poly LR 0.01, 2x A100."
+    )
+    assert result.status == "clarify"
+
+
+def test_a_help_word_next_to_a_routable_question_is_routed(router: Router):
+    """'any advice' does not hide a question the routes know."""
+    result = router.route(
+        "Any advice? How do I set up gradient clipping with GradScaler under fp16 autocast?"
+    )
+    assert result.status == "routed"
+    assert result.skills[0] == "mixed-precision-and-optimization"
+
+
+def test_a_listed_setup_with_a_question_that_names_nothing_gets_the_question(router: Router):
+    """Setup words next to numbers ('lr 3e-4', 'batch 64') are a setup, not a symptom."""
+    result = router.route("GCN, 3 layers, hidden 128, lr 5e-3, batch 64, 200 epochs. Is this normal?")
+    assert result.status == "clarify"
+
+
+def test_a_listed_setup_next_to_a_routable_question_is_routed(router: Router):
+    """The same setup with a question about a named API routes on that question."""
+    result = router.route(
+        "ResNet-50, batch 256, lr 0.1, 90 epochs on 8 GPUs. How do I set up DistributedSampler so each rank "
+        "sees different data?"
+    )
+    assert result.skills[0] == "distributed-training-strategies"

@@ -5,14 +5,23 @@ from __future__ import annotations
 import pytest
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
-from torch_skills.skillpack.router import RouterFormatError, parse_router
+from torch_skills.skillpack.router import RouterFormatError, load_router_table, parse_router
 
 TOOLS = {"check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"}
 
 
 @pytest.fixture(scope="module")
 def table():
-    return parse_router(SkillPack.load(DEFAULT_SKILLS_DIR).get(ROUTER_NAME).body)
+    return load_router_table(DEFAULT_SKILLS_DIR / ROUTER_NAME)
+
+
+MINIMAL = """## Start here
+
+| The user reports | Skill | Run first |
+|---|---|---|
+| slow steps | `a-skill` | `profile_model` |
+
+"""
 
 
 def test_every_specialist_has_a_route_section_with_phrases_of_every_kind(table):
@@ -40,14 +49,62 @@ def test_precedence_ambiguity_and_synonym_tables_are_read(table):
     assert table.synonyms["vram"] == "memory"
 
 
-def test_a_router_without_a_routes_section_is_a_format_error():
+def test_a_router_without_a_start_here_table_is_a_format_error():
     """The parser says what is missing instead of routing on nothing."""
-    with pytest.raises(RouterFormatError, match="Routes"):
+    with pytest.raises(RouterFormatError, match="Start here"):
         parse_router("# Router\n\nSome prose.\n")
 
 
 def test_a_precedence_row_with_missing_cells_names_its_line():
     """A malformed table row is reported with its line number."""
-    text = "## Routes\n\n### a-skill\n\n**Symptoms**\n- x\n\n## Precedence\n\n| a | b | c | d |\n|---|---|---|---|\n| nan | amp |\n"
-    with pytest.raises(RouterFormatError, match="line 12"):
+    text = MINIMAL + "## Precedence\n\n| a | b | c | d |\n|---|---|---|---|\n| nan | amp |\n"
+    with pytest.raises(RouterFormatError, match="line 11"):
         parse_router(text)
+
+
+def test_the_skill_md_body_alone_gives_each_specialist_its_tools():
+    """The start table is in SKILL.md, so a reader of the body alone (the prompts) gets every tool."""
+    body = SkillPack.load(DEFAULT_SKILLS_DIR).get(ROUTER_NAME).body
+    alone = parse_router(body)
+    assert len(alone.routes) == 8
+    assert alone.routes["performance-profiling"].tools == ["profile_model"]
+    assert alone.routes["module-design-patterns"].tools == []
+    assert not any(phrase for r in alone.routes.values() for phrase in r.all_phrases())
+
+
+def test_the_term_lists_live_in_the_reference_and_not_in_the_skill_body():
+    """The long term lists stay out of SKILL.md so they do not bury the rules a reader needs."""
+    body = SkillPack.load(DEFAULT_SKILLS_DIR).get(ROUTER_NAME).body
+    assert "## Routes" not in body and "## Words users use" not in body
+    assert body.index("## Start here") < body.index("## Precedence") < body.index("## Out of scope")
+    assert "references/routing-terms.md" in body
+
+
+def test_out_of_scope_and_not_evidence_tables_are_read(table):
+    """What to decline, what names PyTorch, which pasted lines to ignore and the help words come from the file."""
+    topics = {t.topic: t for t in table.out_of_scope}
+    assert "tensorflow" in topics["TensorFlow or Keras"].signs
+    assert topics["TensorFlow or Keras"].declines == "unless"
+    assert any(t.declines == "always" for t in table.out_of_scope)
+    assert all(t.say for t in table.out_of_scope)
+    assert "torch" in table.pytorch_signs
+    assert "pytorch version:" in table.not_evidence
+    assert "advice" in table.help_words
+    assert "lr" in table.setup_words
+
+
+def test_an_out_of_scope_row_without_a_declines_value_names_its_line():
+    """The Declines cell must say unless / outweighs / always."""
+    text = (
+        MINIMAL
+        + "## Out of scope\n\n| Topic | Signs | Declines | Say |\n|---|---|---|---|\n| JAX | jax | sometimes | no |\n"
+    )
+    with pytest.raises(RouterFormatError, match="line 11"):
+        parse_router(text)
+
+
+def test_a_route_section_for_a_skill_missing_from_the_start_table_is_an_error():
+    """Every skill the term lists name has a row a reader can see."""
+    ref = "## Routes\n\n### other-skill\n\n**Symptoms**\n- x\n"
+    with pytest.raises(RouterFormatError, match="references/t.md line 3"):
+        parse_router(MINIMAL, {"references/t.md": ref})

@@ -59,7 +59,8 @@ INSTRUCTIONS = f"""\
 PyTorch engineering help. Start with the router skill skill://{ROUTER_NAME}/SKILL.md: it maps a
 symptom (out of memory, NaN loss, slow steps, DDP hangs, checkpoint errors...) to one of eight
 specialist skills. When unsure where a question belongs, call `route` with the user's words or
-the pasted error. Diagnose before fixing: the tools run on the user's own code in a sandboxed
+the pasted error. It also says when a question needs one clarifying question first or is not PyTorch
+engineering (`status`). Diagnose before fixing: the tools run on the user's own code in a sandboxed
 worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradcheck),
 `estimate_memory` (peak memory before running on a GPU), `profile_model` (what bounds a step),
 `verify_checkpoint` (is a checkpoint safe, complete, does it fit the model). Models are given as
@@ -261,11 +262,16 @@ def _register_route(mcp: MCPServer, pack: SkillPack) -> None:
             str, Field(description="the user's symptom, question or pasted error message, verbatim")
         ],
     ) -> RouteResult:
-        """Say which PyTorch skill to read for a symptom or error, or the one question to ask first.
+        """Say which PyTorch skill to read for a symptom or error, the one question to ask first, or that the
+        question is out of scope.
 
-        Returns skills in reading order (the first is where to start), the diagnostic tools to run,
-        the router phrases that matched, and a confidence. For a query too vague to route
-        ("fix my training") it returns `clarify`: ask the user that question, then route again."""
+        Returns `status`: "routed" (read `skills` in order, the first is where to start; run `tools` on
+        the user's code), "clarify" (the post names no symptom: ask the user `clarify`, then route again
+        with the answer) or "out_of_scope" (not PyTorch engineering, e.g. TensorFlow/Keras, JAX, pandas,
+        scikit-learn, driver or CUDA installs, ML theory, general Python: tell the user `reason`; no skill
+        applies). Also the router phrases that matched (`evidence`), a `confidence`, and `ignored_lines`
+        (pasted collect_env or issue-template lines not used as evidence). Pass the user's words
+        verbatim, pasted errors and environment dumps included."""
         return router.route(query)
 
 

@@ -1,35 +1,54 @@
 """Route a symptom, question or pasted error to the specialist skills, using the router's tables.
 
-Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult` with `skills`
-(reading order), `clarify` (one question when the query is too vague), `evidence` (the router
-phrases each skill matched), `tools` and `confidence`. Everything it knows comes from
-skills/using-pytorch-engineering/SKILL.md (see `router.py` for the structure), so editing that
-file changes routing; nothing about PyTorch is hard-coded here.
+Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult` with `status`
+("routed", "clarify" or "out_of_scope"), `skills` (reading order), `clarify` (one question when
+the post names no symptom), `reason` (why it is out of scope), `evidence` (the router phrases each
+skill matched), `tools` and `confidence`. Everything it knows comes from the router skill,
+skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.md; see `router.py` for
+the structure), so editing those files changes routing; nothing about PyTorch is hard-coded here.
 
-How it scores, deterministically:
-1. The query is normalized (synonyms from "Words users use", light stemming, stop words).
+How it decides, deterministically:
+1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
+   dropped; the rest is normalized (synonyms from "Words users use", light stemming, stop words).
 2. Each skill's phrases are matched by coverage: the idf-weighted share of a phrase's terms
    present in the query (a phrase counts from 50% coverage; error messages also match in order).
    A skill's score is the sum of its best phrase scores, with diminishing weight.
-3. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first).
-4. With no real evidence, or a query that is only one of the vague phrasings, it asks the
-   clarifying question of the closest "Ask one question first" row.
+3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
+   outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
+   and the topic does not hold even then.
+4. With no evidence, or a post that names no symptom (only context: versions, hardware,
+   hyper-parameters, topic keywords) and either says one of the "Ask one question first"
+   phrasings, or asks for help or review ("Help words") or lists its setup ("Setup words" next
+   to numbers) while none of its question sentences names anything routable on its own, it asks.
+5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
+   rule needs its first skill to have evidence of its own, and words inside file paths do not
+   trigger rules.
 
 Known limitations: bag-of-terms matching: a symptom described in words the router never uses
-(and no synonym maps) is not recognized; non-English text gets the clarifying question.
+(and no synonym maps) is not recognized; non-English text gets the clarifying question; a
+question about another framework that never names it (nor any sign the table lists) is routed
+as if it were PyTorch.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
-from torch_skills.skillpack.router import PrecedenceRule, RouterTable, parse_router
-from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms
+from torch_skills.skillpack.router import (
+    OutOfScopeTopic,
+    PrecedenceRule,
+    RouterFormatError,
+    RouterTable,
+    parse_router,
+)
+from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
 
 MAX_QUERY_CHARS = 20_000  # longer input (a whole log) keeps its head and its tail, where errors are
 KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}
@@ -40,17 +59,54 @@ FOLLOW_RATIO = 0.45  # a second skill is listed when it scores this share of the
 # A precedence rule reorders only when its first skill has this share of the top score; a rule with
 # a single condition ("nan" -> debugging) needs more evidence than one with two ("nan" + "amp").
 RULE_MIN_SHARE = {True: 0.25, False: 0.6}
+# A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
+# phrase (not just topic keywords) scores at least this much ("names a symptom").
+SYMPTOM_MIN = 1.5
+SYMPTOM_COVERAGE = 0.8  # ... and that phrase is (nearly) all there
+SYMPTOM_KINDS = ("symptoms", "errors", "examples")
+RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the rule's own words
+# Out of scope: how much of the best skill score a topic's signs must reach to decline. A topic
+# that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
+# PyTorch not named) a fifth; "always" (installs, PyTorch named or not) more, so that "pip install"
+# in passing does not decline a real PyTorch problem.
+OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
+SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
+# A symptomless post that asks for help or lists its setup is vague unless one of its questions
+# names something routable on its own.
+QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
+MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
+SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
+_WORDISH = re.compile(r"[^\s\"'(),`]+")
+_SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
+_ASKING = frozenset(
+    "how what whats which why when where should can could is are does do did will would any anyone".split()
+)
+_LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
 
 class RouteResult(BaseModel):
-    """Where a query belongs: skills in reading order, or one question to ask first."""
+    """Where a query belongs: skills in reading order, one question to ask first, or out of scope."""
 
+    status: Literal["routed", "clarify", "out_of_scope"] = Field(
+        description="routed: read `skills`; clarify: ask `clarify` first; out_of_scope: not PyTorch "
+        "engineering, say `reason` and route nothing"
+    )
     skills: list[str] = Field(
-        description="skills in reading order; the first is where to start (empty when clarify is set)"
+        description="skills in reading order; the first is where to start (empty unless status is routed)"
     )
     clarify: str | None = Field(
-        default=None, description="one clarifying question to ask when the query is too vague"
+        default=None, description="one clarifying question to ask when the post names no symptom"
+    )
+    out_of_scope: str | None = Field(
+        default=None, description="the out-of-scope topic the query is about (status out_of_scope)"
+    )
+    reason: str | None = Field(default=None, description="why the query is out of scope, to tell the user")
+    out_of_scope_signs: list[str] = Field(
+        default_factory=list, description="the out-of-scope signs the query showed (status out_of_scope)"
+    )
+    ignored_lines: int = Field(
+        default=0, description="lines dropped as not evidence (collect_env dump, issue-template headings)"
     )
     evidence: dict[str, list[str]] = Field(
         default_factory=dict, description="router phrases each listed skill matched in the query"
@@ -59,7 +115,9 @@ class RouteResult(BaseModel):
         default_factory=list, description="diagnostic tools the router names for the first skill"
     )
     rule: str | None = Field(default=None, description="the precedence rule that set the order, when one did")
-    confidence: float = Field(description="0 to 1: how clearly the evidence points at the first skill")
+    confidence: float = Field(
+        description="0 to 1: how clearly the evidence points at the first skill (or out of scope); 0 for clarify"
+    )
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
     )
@@ -74,6 +132,15 @@ class _Phrase:
     terms: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    scores: dict[str, float]  # skill -> score
+    phrases: dict[str, list[str]]  # skill -> the router phrases it matched, best first
+    ordered: list[str]  # the query's terms, in order
+    symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
+    pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
+
+
 def _truncate(query: str) -> str:
     if len(query) <= MAX_QUERY_CHARS:
         return query
@@ -83,6 +150,10 @@ def _truncate(query: str) -> str:
 
 class Router:
     def __init__(self, table: RouterTable):
+        if not any(phrase for section in table.routes.values() for phrase in section.all_phrases()):
+            raise RouterFormatError(
+                "the router table has no route phrases: parse SKILL.md together with references/routing-terms.md"
+            )
         self.table = table
         self.synonyms = Synonyms(table.synonyms)
         self.phrases: list[_Phrase] = []
@@ -101,13 +172,41 @@ class Router:
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
         self.rules = [(r, self._rule_terms(r)) for r in table.precedence]
+        # error messages long enough to recognize when pasted, with their words as rules read them
+        self.verbatim = {
+            p: set(terms(p.text, self.synonyms, GLUE_WORDS))
+            for p in self.phrases
+            if p.kind == "errors" and len(p.terms) >= 3
+        }
         self.vague = [
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
+        ]
+        self.help_words = [w for h in table.help_words for w in _words(h)]
+        # "Not evidence": a prefix ending in a letter or digit is a heading (the whole line); one
+        # ending in "*" or punctuation drops every line that starts with it
+        self._headings = frozenset(p for p in table.not_evidence if p[-1].isalnum())
+        self._line_prefixes = tuple(p.rstrip("*") for p in table.not_evidence if not p[-1].isalnum())
+        self.setup_words = frozenset(w.lower() for w in table.setup_words)
+        self.vague_loose = [
+            (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
+            for case in table.ambiguous
+        ]
+        # signs are matched word for word, unstemmed: "tensorflow" must not match "tensor"
+        self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
+        self.topics = [
+            (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
         ]
 
     @classmethod
     def from_pack(cls, pack: SkillPack) -> Router:
-        return cls(parse_router(pack.get(ROUTER_NAME).body))
+        """The router of a loaded skill pack: the router's SKILL.md body and its references/*.md."""
+        skill = pack.get(ROUTER_NAME)
+        references = {
+            f.path: pack.read(ROUTER_NAME, f.path).decode("utf-8")
+            for f in skill.files
+            if f.path.startswith("references/") and f.path.endswith(".md")
+        }
+        return cls(parse_router(skill.body, references))
 
     def _rule_terms(self, rule: PrecedenceRule) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
         def conv(items: list[str]) -> list[tuple[str, ...]]:
@@ -116,30 +215,57 @@ class Router:
         return conv(rule.terms), conv(rule.together_with)
 
     # -- scoring --------------------------------------------------------------------------------
-    def _phrase_score(self, phrase: _Phrase, query: set[str], ordered: list[str]) -> float:
+    def _phrase_score(self, phrase: _Phrase, query: set[str], ordered: list[str]) -> tuple[float, float]:
+        """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x."""
         weights = [self.idf.get(t, 0.0) for t in phrase.terms]
         total = sum(weights)
         if total <= 0:
-            return 0.0
+            return 0.0, 0.0
         matched = sum(w for t, w in zip(phrase.terms, weights, strict=True) if t in query)
         coverage = matched / total
         if len(phrase.terms) == 1:
             coverage = 1.0 if phrase.terms[0] in query else 0.0
         if coverage < MIN_COVERAGE:
-            return 0.0
+            return 0.0, coverage
         score = KIND_WEIGHT[phrase.kind] * coverage**2 * (1 + math.log1p(matched))
         if phrase.kind == "errors" and len(phrase.terms) >= 3 and _in_order(phrase.terms, ordered):
-            score *= 1.5  # a pasted error message, word for word
-        return score
+            score *= 1.5
+        return score, coverage
+
+    def _skill_score(self, skill: str, found: _Evidence, without: set[str]) -> float:
+        """One skill's score on the query with the terms `without` left out."""
+        ordered = [t for t in found.ordered if t not in without]
+        qset = set(ordered)
+        hits = sorted(
+            (
+                s
+                for p in self.phrases
+                if p.skill == skill and (s := self._phrase_score(p, qset, ordered)[0]) > 0
+            ),
+            reverse=True,
+        )
+        term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
+        return sum(s / (1 + i) for i, s in enumerate(hits[:6])) + term_score
 
     def scores(self, query: str) -> tuple[dict[str, float], dict[str, list[str]], list[str]]:
+        """(score per skill, matched phrases per skill, the query's terms in order)."""
+        found = self._evidence(query)
+        return found.scores, found.phrases, found.ordered
+
+    def _evidence(self, query: str) -> _Evidence:
         ordered = terms(query, self.synonyms)
         qset = set(ordered)
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
+        symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
+        pasted: dict[str, set[str]] = {}
         for phrase in self.phrases:
-            s = self._phrase_score(phrase, qset, ordered)
+            s, coverage = self._phrase_score(phrase, qset, ordered)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
+                if phrase.kind in SYMPTOM_KINDS and coverage >= SYMPTOM_COVERAGE:
+                    symptom[phrase.skill] = max(symptom[phrase.skill], s)
+                if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
+                    pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
         scores, evidence = {}, {}
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
@@ -148,19 +274,29 @@ class Router:
             term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        return scores, evidence, ordered
+        return _Evidence(scores, evidence, ordered, symptom, pasted)
 
-    def _fired_rule(self, qset: set[str], scores: dict[str, float]) -> PrecedenceRule | None:
-        """The most specific rule whose terms the query mentions and whose first skill has evidence."""
+    def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
+        """The most specific rule whose terms the query mentions and whose first skill has evidence
+        of its own: a share of the top score, and a symptom, error or example phrase (a keyword such
+        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough)."""
+        scores = found.scores
         top = max(scores.values(), default=0.0)
         best: tuple[int, int, PrecedenceRule] | None = None
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
-            if not any(set(t) <= qset for t in first_terms):
+            pasted = set().union(*(t for s, t in found.pasted.items() if s != rule.first))
+            terms_here = qset - pasted  # words of another skill's pasted message are that message's
+            if not any(set(t) <= terms_here for t in first_terms):
                 continue
-            if second_terms and not any(set(t) <= qset for t in second_terms):
+            if second_terms and not any(set(t) <= terms_here for t in second_terms):
                 continue
+            if not second_terms:
+                # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
+                own = {w for t in first_terms for w in t}
+                if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
+                    continue
             specificity = 1 if second_terms else 0
             key = (-specificity, index)
             if best is None or key < best[:2]:
@@ -181,25 +317,103 @@ class Router:
                     best_q, best = case.question, score
         return best_q, best
 
+    # -- what counts as evidence ----------------------------------------------------------------
+    def _drop_not_evidence(self, query: str) -> tuple[str, int]:
+        """The query without the lines the "Not evidence" table names, and how many were dropped."""
+        if not self.table.not_evidence:
+            return query, 0
+        kept, dropped = [], 0
+        for line in query.splitlines():
+            key = _LINE_LEAD.sub("", line.strip()).lower()
+            if key and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings):
+                dropped += 1
+            else:
+                kept.append(line)
+        return "\n".join(kept), dropped
+
+    def _names_pytorch(self, words: _Positions) -> bool:
+        return any(words.near(sign) for sign in self.anchors)
+
+    def _out_of_scope(
+        self, words: _Positions, named: bool
+    ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
+        """The out-of-scope topic whose signs the query shows most, its score and the signs seen."""
+        best: tuple[OutOfScopeTopic | None, float, list[str]] = (None, 0.0, [])
+        for topic, signs in self.topics:
+            if named and not topic.holds_when_named:
+                continue
+            seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
+            score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
+            if score > best[1]:
+                best = (topic, round(score, 3), [text for text, _ in seen])
+        return best
+
+    def _asks_for_help(self, query: str, words: _Positions) -> bool:
+        """A request for help or review ("Help words") or a listed setup ("Setup words" next to
+        numbers), while none of the post's questions names anything routable on its own."""
+        asks = any(words.has(h) for h in self.help_words)
+        if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
+            return False
+        questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
+        return all(max(self._evidence(q).scores.values(), default=0.0) < QUESTION_MIN for q in questions)
+
+    def _vague_ask(self, loose: _Positions) -> str | None:
+        """The question of the "Ask one question first" row whose phrasing the post says, if any."""
+        best_q, best_len = None, 0
+        for case, phrasings in self.vague_loose:
+            for p in phrasings:
+                if p and len(p) > best_len and loose.near(p, gap=1):
+                    best_q, best_len = case.question, len(p)
+        return best_q
+
     # -- the answer -----------------------------------------------------------------------------
     def route(self, query: str) -> RouteResult:
-        query = _truncate(query or "")
-        scores, evidence, ordered = self.scores(query)
+        query, ignored = self._drop_not_evidence(_truncate(query or ""))
+        found = self._evidence(query)
+        scores, evidence, ordered = found.scores, found.phrases, found.ordered
+        symptom = max(found.symptom.values(), default=0.0)
         qset = set(ordered)
-        loose = set(terms(query, self.synonyms, GLUE_WORDS))
+        loose = _Positions(terms(query, self.synonyms, GLUE_WORDS))
         ranked = sorted(scores, key=lambda s: (-scores[s], s))
         top = scores[ranked[0]] if ranked else 0.0
-        question, vagueness = self._vague_question(qset, ordered)
-        if top < MIN_EVIDENCE or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE):
+        matched = {s: evidence[s] for s in ranked if evidence[s]}
+
+        words = _Positions(_words(query))
+        named = self._names_pytorch(words) or bool(found.pasted)
+        topic, oos, signs = self._out_of_scope(words, named)
+        if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
+                status="out_of_scope",
                 skills=[],
-                clarify=question or DEFAULT_QUESTION,
-                evidence={s: evidence[s] for s in ranked if evidence[s]},
+                out_of_scope=topic.topic,
+                reason=topic.say,
+                out_of_scope_signs=signs,
+                evidence=matched,
+                confidence=round(min(1.0, oos / (oos + 0.5 * top + 1.0)), 2),
+                scores=scores,
+                ignored_lines=ignored,
+                summary=f"Out of scope ({topic.topic}): {topic.say}",
+            )
+
+        question, vagueness = self._vague_question(qset, ordered)
+        ask = self._vague_ask(loose)
+        if (
+            top < MIN_EVIDENCE
+            or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
+            or (symptom < SYMPTOM_MIN and (ask is not None or self._asks_for_help(query, words)))
+        ):
+            return RouteResult(
+                status="clarify",
+                skills=[],
+                clarify=ask or question or DEFAULT_QUESTION,
+                evidence=matched,
                 confidence=0.0,
                 scores=scores,
-                summary="The query names no specific symptom; ask the question, then route on the answer.",
+                ignored_lines=ignored,
+                summary="The post names no specific symptom; ask the question, then route on the answer.",
             )
-        rule = self._fired_rule(loose, scores)
+        rule_terms = set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS))
+        rule = self._fired_rule(rule_terms, found)
         order: list[str] = []
         if rule is not None:
             order = [rule.first, *[s for s in rule.then if s != rule.first]]
@@ -218,14 +432,97 @@ class Router:
         if tools:
             summary += f" Run {' / '.join(tools)} on the user's code first."
         return RouteResult(
+            status="routed",
             skills=order,
             evidence={s: evidence[s] for s in order if evidence.get(s)},
             tools=tools,
             rule=f"{rule.source} table, line {rule.line}" if rule else None,
             confidence=confidence,
             scores=scores,
+            ignored_lines=ignored,
             summary=summary,
         )
+
+
+_SETUP_TOKEN = re.compile(r"[A-Za-z_]+|\d[\w.+\-]*")
+
+
+def _setup_pairs(text: str, setup_words: frozenset[str]) -> int:
+    """How many setup words stand within two tokens of a number: 'batch 64', 'lr: 3e-4', '8 GPUs'."""
+    toks = _SETUP_TOKEN.findall(text.lower())
+    return sum(
+        1
+        for i, t in enumerate(toks)
+        if t in setup_words and any(x[0].isdigit() for x in toks[max(0, i - 2) : i] + toks[i + 1 : i + 3])
+    )
+
+
+def _is_question(sentence: str) -> bool:
+    """A sentence that asks: it ends with '?' or starts with an asking word ('how', 'should', ...)."""
+    sentence = sentence.strip()
+    first = re.sub(r"[^a-z]", "", sentence.split()[0].lower()) if sentence else ""
+    return sentence.endswith("?") or first in _ASKING
+
+
+def _words(text: str) -> list[str]:
+    """Words for out-of-scope and PyTorch signs: lower-cased first (no CamelCase split), no stemming,
+    glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
+    out = []
+    for tok in tokens(text.lower()):
+        out.append(tok)
+        parts = [p for p in re.split(r"[./\-]", tok) if p]
+        for part in parts if len(parts) > 1 else []:
+            out.append(part)
+            pieces = [p for p in part.split("_") if p]
+            out.extend(pieces if len(pieces) > 1 else [])
+        if len(parts) == 1 and "_" in tok:
+            out.extend(p for p in tok.split("_") if p)
+    return [w for w in out if w not in GLUE_WORDS]
+
+
+def _unpath(m: re.Match[str]) -> str:
+    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places, not symptoms: blank them for rules."""
+    word = m.group(0)
+    if word.startswith(("/", "~/", "./", "../")) or "\\" in word or word.count("/") >= 2:
+        return " "
+    return word
+
+
+def _forms(word: str) -> tuple[str, ...]:
+    """A sign word and its plurals: 'dictionary' -> ('dictionary', 'dictionarys', 'dictionaryes', 'dictionaries')."""
+    return (word, word + "s", word + "es", *((word[:-1] + "ies",) if word.endswith("y") else ()))
+
+
+class _Positions:
+    """Where each word of a query stands, to find signs in order without rescanning the query.
+
+    Use `_Positions(words).near(("install", "cuda"))`: the needle's words in order, each at most
+    `gap` other words after the previous one; a word also matches its plural.
+    """
+
+    def __init__(self, words: list[str]):
+        self._at: dict[str, list[int]] = {}
+        for i, w in enumerate(words):
+            self._at.setdefault(w, []).append(i)
+
+    def of(self, word: str) -> list[int]:
+        return sorted(i for form in _forms(word) for i in self._at.get(form, ()))
+
+    def has(self, word: str) -> bool:
+        return any(form in self._at for form in _forms(word))
+
+    def near(self, needle: tuple[str, ...], gap: int = SIGN_GAP) -> bool:
+        if not needle or not all(self.has(t) for t in needle):
+            return False
+        following = [self.of(t) for t in needle[1:]]
+        for pos in self.of(needle[0]):
+            for places in following:
+                pos = next((j for j in places if pos < j <= pos + 1 + gap), -1)
+                if pos < 0:
+                    break
+            else:
+                return True
+        return False
 
 
 def _in_order(needle: tuple[str, ...], haystack: list[str]) -> bool:

@@ -1,20 +1,38 @@
-"""Parse the router skill (skills/using-pytorch-engineering/SKILL.md) into routing tables.
+"""Parse the router skill (skills/using-pytorch-engineering/) into routing tables.
 
-Use `table = parse_router(text)`; `route.Router(table)` does the routing. The router's
-SKILL.md is the single source of routing knowledge, so its structure is a contract:
+Use `table = parse_router(skill_md_body, references={"references/routing-terms.md": text})`, or
+`load_router_table(folder)` for a skill folder on disk; `route.Router(table)` does the routing.
+The router's SKILL.md and its references/ files are the single source of routing knowledge, so
+their structure is a contract. Level-2 sections are looked up by title in any of those files
+(a title used in two files is one section, the SKILL.md lines first):
 
-- `## Routes` holds one `### <skill-name>` section per specialist. Inside, labelled bullet lists:
-  `**Symptoms**`, `**Error messages**`, `**Example queries**` (one phrase per bullet), an inline
-  `**Keywords:** a, b, c` line, and a `**Tool:** \\`tool_name\\`` line naming the diagnostic
-  tools to call (every backticked name on it).
+- `## Start here` is a table `| The user reports or asks | Skill | Run first |`: one row per
+  specialist, the skill in backticks, the diagnostic tools to call in backticks in the last cell
+  (none named: read the skill). It is what a reader sees first, and where the tools come from.
+- `## Routes` (kept in references/ so it does not bury the rules) holds one `### <skill-name>`
+  section per specialist. Inside, labelled bullet lists: `**Symptoms**`, `**Error messages**`,
+  `**Example queries**` (one phrase per bullet), and an inline `**Keywords:** a, b, c` line.
+  Without a `## Routes` section the table has tools but no phrases (enough to list the tools;
+  `route.Router` refuses it).
 - `## Precedence` is a table `| When the query mentions | together with | start with | then |`:
   comma-separated terms; `-` in "together with" means no second condition; "then" lists further
   skills (comma-separated, may be `-`).
 - `## Common routing mistakes` is a table `| Symptom | Tempting first stop | Right first stop | Why |`;
   each row is a rule: symptom terms -> right first stop (the tempting one is not read).
-- `## Ask one question first` is a table `| The query is only | Ask |`: vague phrasings and the
-  one clarifying question to ask for them.
+- `## Ask one question first` is a table `| The post says only | Ask |`: vague phrasings and the
+  one clarifying question to ask for them (route() asks it when a post says one of them and
+  names no symptom, however much detail it carries), a `**Help words:** a, b` line (words of a
+  request for help or review) and a `**Setup words:** a, b` line (hyper-parameter and hardware
+  words that, next to a number, list a setup): either makes a symptomless post without a routable
+  question vague.
 - `## Words users use` is a table `| Users write | Read it as |`: synonyms applied to the query.
+- `## Out of scope` is a table `| Topic | The query mentions | Declines | Say |`: signs of a
+  question that is not PyTorch engineering, when the row holds (`unless PyTorch is named`,
+  `when it outweighs` the skills' evidence, or `always` when it outweighs, PyTorch named or not),
+  and the reason to give. A `**PyTorch signs:** a, b` line in that section lists the words that
+  name PyTorch.
+- `## Not evidence` is a table `| Lines starting with | Are |`: line prefixes (a pasted
+  `collect_env` dump, issue-template headings) that route() drops before reading the query.
 
 Anything else in the file is prose for the agent and is ignored here. `RouterFormatError` names
 the line that breaks the contract.
@@ -24,6 +42,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch_skills.skillpack.loader import split_frontmatter
 
 LABELS = {
     "symptoms": "symptoms",
@@ -35,6 +56,9 @@ LABELS = {
 }
 
 
+ROUTER_SKILL_FILE = "SKILL.md"
+
+
 class RouterFormatError(ValueError):
     """The router SKILL.md does not follow the structure route() reads."""
 
@@ -43,6 +67,7 @@ class RouterFormatError(ValueError):
 class RouteSection:
     skill: str
     line: int
+    file: str = ROUTER_SKILL_FILE
     tools: list[str] = field(default_factory=list)
     phrases: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in set(LABELS.values())})
 
@@ -68,12 +93,33 @@ class AmbiguousCase:
     line: int
 
 
+DECLINES = ("unless", "outweighs", "always")  # the keyword of each "Declines" value
+
+
+@dataclass
+class OutOfScopeTopic:
+    topic: str
+    signs: list[str]
+    declines: str  # "unless" PyTorch is named, when it "outweighs" the skills, or "always" (if it outweighs)
+    say: str
+    line: int
+
+    @property
+    def holds_when_named(self) -> bool:
+        return self.declines == "always"
+
+
 @dataclass
 class RouterTable:
     routes: dict[str, RouteSection]
     precedence: list[PrecedenceRule]
     ambiguous: list[AmbiguousCase]
     synonyms: dict[str, str]  # user word/phrase -> canonical phrase
+    out_of_scope: list[OutOfScopeTopic] = field(default_factory=list)
+    pytorch_signs: list[str] = field(default_factory=list)
+    not_evidence: list[str] = field(default_factory=list)  # line prefixes, lower-cased
+    help_words: list[str] = field(default_factory=list)  # "Help words:" of "Ask one question first"
+    setup_words: list[str] = field(default_factory=list)  # "Setup words:" of "Ask one question first"
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -86,7 +132,16 @@ class RouterTable:
 _HEADING = re.compile(r"^(#{2,3})\s+(.*?)\s*$")
 _LABEL = re.compile(r"^\*\*([A-Za-z ]+?):?\*\*:?\s*(.*)$")
 _TOOL = re.compile(r"`([a-z_]+)`")
+_SKILL = re.compile(r"`([a-z0-9]+(?:-[a-z0-9]+)+)`")
 _BULLET = re.compile(r"^\s*[-*]\s+(.*)$")
+
+# A line of a router file: (file, line number, text). Messages say "line N" for SKILL.md and
+# "references/x.md line N" for the others.
+Line = tuple[str, int, str]
+
+
+def _where(file: str, lineno: int) -> str:
+    return f"line {lineno}" if file == ROUTER_SKILL_FILE else f"{file} line {lineno}"
 
 
 def _clean(cell: str) -> str:
@@ -100,54 +155,82 @@ def _split_terms(cell: str) -> list[str]:
     return [_clean(t) for t in cell.split(",") if _clean(t)]
 
 
-def _table_rows(lines: list[tuple[int, str]]) -> list[tuple[int, list[str]]]:
-    rows = []
-    for lineno, line in lines:
+def _table_rows(lines: list[Line]) -> list[tuple[str, int, list[str]]]:
+    """Rows of every table in `lines` (each table's header row dropped)."""
+    rows: list[tuple[str, int, list[str]]] = []
+    in_table = False
+    for file, lineno, line in lines:
         stripped = line.strip()
         if not stripped.startswith("|"):
+            in_table = False
             continue
         cells = [c.strip() for c in stripped.strip("|").split("|")]
+        if not in_table:
+            in_table = True  # the header row
+            continue
         if all(re.fullmatch(r":?-{3,}:?", c) for c in cells if c):
             continue  # the separator row
-        rows.append((lineno, cells))
-    return rows[1:]  # drop the header row
+        rows.append((file, lineno, cells))
+    return rows
 
 
-def _sections(text: str) -> dict[str, list[tuple[int, str]]]:
-    """Level-2 sections: title -> [(line number, line)], level-3 headings kept inside."""
-    sections: dict[str, list[tuple[int, str]]] = {}
-    current: list[tuple[int, str]] | None = None
-    in_fence = False
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip().startswith("```"):
-            in_fence = not in_fence
-        m = _HEADING.match(line) if not in_fence else None
-        if m and len(m.group(1)) == 2:
-            current = sections.setdefault(m.group(2).strip().lower(), [])
-            continue
-        if current is not None:
-            current.append((lineno, line))
+def _sections(files: dict[str, str]) -> dict[str, list[Line]]:
+    """Level-2 sections of all files: title -> [(file, line number, line)], level-3 headings kept."""
+    sections: dict[str, list[Line]] = {}
+    for file, text in files.items():
+        current: list[Line] | None = None
+        in_fence = False
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if line.strip().startswith("```"):
+                in_fence = not in_fence
+            m = _HEADING.match(line) if not in_fence else None
+            if m and len(m.group(1)) == 2:
+                current = sections.setdefault(m.group(2).strip().lower(), [])
+                continue
+            if current is not None:
+                current.append((file, lineno, line))
     return sections
 
 
-def _find(sections: dict[str, list[tuple[int, str]]], prefix: str) -> list[tuple[int, str]] | None:
+def _find(sections: dict[str, list[Line]], prefix: str) -> list[Line] | None:
     for title, lines in sections.items():
         if title.startswith(prefix):
             return lines
     return None
 
 
-def _parse_routes(lines: list[tuple[int, str]]) -> dict[str, RouteSection]:
+def _parse_start_here(lines: list[Line]) -> dict[str, RouteSection]:
     routes: dict[str, RouteSection] = {}
+    for file, lineno, cells in _table_rows(lines):
+        skills = _SKILL.findall(cells[1]) if len(cells) >= 3 else []
+        if len(skills) != 1:
+            raise RouterFormatError(
+                f"{_where(file, lineno)}: a 'Start here' row needs 3 cells: "
+                "what the user reports | `skill-name` | `tool` to run first (or 'none')"
+            )
+        name = skills[0]
+        if name in routes:
+            raise RouterFormatError(f"{_where(file, lineno)}: skill {name!r} has two 'Start here' rows")
+        routes[name] = RouteSection(skill=name, line=lineno, file=file, tools=_TOOL.findall(cells[-1]))
+    return routes
+
+
+def _parse_routes(lines: list[Line], routes: dict[str, RouteSection]) -> None:
     section: RouteSection | None = None
     label: str | None = None
-    for lineno, line in lines:
+    seen: set[str] = set()
+    for file, lineno, line in lines:
         m = _HEADING.match(line)
         if m and len(m.group(1)) == 3:
             name = _clean(m.group(2))
-            if name in routes:
-                raise RouterFormatError(f"line {lineno}: skill {name!r} has two route sections")
-            section = routes[name] = RouteSection(skill=name, line=lineno)
+            if name in seen:
+                raise RouterFormatError(f"{_where(file, lineno)}: skill {name!r} has two route sections")
+            seen.add(name)
+            if name not in routes:
+                raise RouterFormatError(
+                    f"{_where(file, lineno)}: route section {name!r} has no row in the 'Start here' table"
+                )
+            section = routes[name]
             label = None
             continue
         if section is None:
@@ -157,7 +240,7 @@ def _parse_routes(lines: list[tuple[int, str]]) -> dict[str, RouteSection]:
             key = lm.group(1).strip().lower()
             rest = lm.group(2).strip()
             if key == "tool":
-                section.tools = _TOOL.findall(rest)
+                section.tools = section.tools or _TOOL.findall(rest)
                 label = None
             elif key in LABELS:
                 label = LABELS[key]
@@ -174,31 +257,22 @@ def _parse_routes(lines: list[tuple[int, str]]) -> dict[str, RouteSection]:
                 section.phrases[label].append(phrase)
         elif line.strip() and not bm:
             label = None if not line.startswith(" ") else label
-    return routes
-
-
-def parse_router(text: str) -> RouterTable:
-    """Parse the router's SKILL.md text; raise RouterFormatError when a required part is missing."""
-    sections = _sections(text)
-    route_lines = _find(sections, "routes")
-    if route_lines is None:
-        raise RouterFormatError(
-            "no '## Routes' section: route() needs one '### <skill>' section per specialist"
-        )
-    routes = _parse_routes(route_lines)
-    if not routes:
-        raise RouterFormatError("'## Routes' has no '### <skill-name>' sections")
     for section in routes.values():
         if not any(section.phrases.values()):
-            raise RouterFormatError(f"line {section.line}: route section {section.skill!r} lists no phrases")
+            raise RouterFormatError(
+                f"{_where(section.file, section.line)}: skill {section.skill!r} has no route section "
+                "with phrases under '## Routes'"
+            )
 
-    precedence: list[PrecedenceRule] = []
-    for lineno, cells in _table_rows(_find(sections, "precedence") or []):
+
+def _parse_rules(sections: dict[str, list[Line]]) -> list[PrecedenceRule]:
+    rules: list[PrecedenceRule] = []
+    for file, lineno, cells in _table_rows(_find(sections, "precedence") or []):
         if len(cells) < 4:
             raise RouterFormatError(
-                f"line {lineno}: a precedence row needs 4 cells: mentions | together with | start with | then"
+                f"{_where(file, lineno)}: a precedence row needs 4 cells: mentions | together with | start with | then"
             )
-        precedence.append(
+        rules.append(
             PrecedenceRule(
                 terms=_split_terms(cells[0]),
                 together_with=_split_terms(cells[1]),
@@ -209,12 +283,12 @@ def parse_router(text: str) -> RouterTable:
                 why=cells[4].strip() if len(cells) > 4 else "",
             )
         )
-    for lineno, cells in _table_rows(_find(sections, "common routing mistakes") or []):
+    for file, lineno, cells in _table_rows(_find(sections, "common routing mistakes") or []):
         if len(cells) < 3:
             raise RouterFormatError(
-                f"line {lineno}: a mistakes row needs: symptom | tempting first stop | right first stop | why"
+                f"{_where(file, lineno)}: a mistakes row needs: symptom | tempting first stop | right first stop | why"
             )
-        precedence.append(
+        rules.append(
             PrecedenceRule(
                 terms=_split_terms(cells[0]),
                 together_with=[],
@@ -225,15 +299,106 @@ def parse_router(text: str) -> RouterTable:
                 why=cells[3].strip() if len(cells) > 3 else "",
             )
         )
+    return rules
+
+
+def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[str]]:
+    topics: list[OutOfScopeTopic] = []
+    for file, lineno, cells in _table_rows(lines):
+        declines = [k for k in DECLINES if len(cells) >= 4 and k in cells[2].lower()]
+        if len(cells) < 4 or len(declines) != 1:
+            raise RouterFormatError(
+                f"{_where(file, lineno)}: an out-of-scope row needs 4 cells: topic | signs (comma-separated) | "
+                "declines (unless PyTorch is named / when it outweighs / always) | what to say"
+            )
+        topics.append(
+            OutOfScopeTopic(
+                topic=_clean(cells[0]),
+                signs=_split_terms(cells[1]),
+                declines=declines[0],
+                say=cells[3].strip(),
+                line=lineno,
+            )
+        )
+    signs: list[str] = []
+    for _file, _lineno, line in lines:
+        lm = _LABEL.match(line.strip())
+        if lm and lm.group(1).strip().lower() == "pytorch signs":
+            signs += _split_terms(lm.group(2))
+    return topics, signs
+
+
+def parse_router(text: str, references: dict[str, str] | None = None) -> RouterTable:
+    """Parse the router's SKILL.md body (and its references/ files, path -> text).
+
+    Raises RouterFormatError when a required part is missing or a row is malformed.
+    """
+    sections = _sections({ROUTER_SKILL_FILE: text, **(references or {})})
+    start = _find(sections, "start here")
+    if start is None:
+        raise RouterFormatError(
+            "no '## Start here' section: route() needs its table of `skill` | `tool` rows, one per specialist"
+        )
+    routes = _parse_start_here(start)
+    if not routes:
+        raise RouterFormatError("'## Start here' has no rows naming a `skill-name`")
+    route_lines = _find(sections, "routes")
+    if route_lines is not None:
+        _parse_routes(route_lines, routes)
 
     ambiguous = [
         AmbiguousCase(phrasings=_split_terms(cells[0]), question=_clean(cells[1]), line=lineno)
-        for lineno, cells in _table_rows(_find(sections, "ask one question") or [])
+        for _file, lineno, cells in _table_rows(_find(sections, "ask one question") or [])
         if len(cells) >= 2
     ]
     synonyms: dict[str, str] = {}
-    for _lineno, cells in _table_rows(_find(sections, "words users use") or []):
+    for _file, _lineno, cells in _table_rows(_find(sections, "words users use") or []):
         if len(cells) >= 2:
             for word in _split_terms(cells[0]):
                 synonyms[word.lower()] = _clean(cells[1]).lower()
-    return RouterTable(routes, precedence, ambiguous, synonyms)
+    topics, signs = _parse_out_of_scope(_find(sections, "out of scope") or [])
+    ask_section = _find(sections, "ask one question") or []
+    help_words, setup_words = (
+        [
+            word.lower()
+            for _file, _lineno, line in ask_section
+            if (lm := _LABEL.match(line.strip())) and lm.group(1).strip().lower() == label
+            for word in _split_terms(lm.group(2))
+        ]
+        for label in ("help words", "setup words")
+    )
+    not_evidence = [
+        prefix.lower()
+        for _file, _lineno, cells in _table_rows(_find(sections, "not evidence") or [])
+        for prefix in _split_terms(cells[0])
+    ]
+    return RouterTable(
+        routes,
+        _parse_rules(sections),
+        ambiguous,
+        synonyms,
+        topics,
+        signs,
+        not_evidence,
+        help_words,
+        setup_words,
+    )
+
+
+def router_references(folder: Path) -> dict[str, str]:
+    """The router skill's references/*.md files on disk, as parse_router() takes them."""
+    refs = folder / "references"
+    if not refs.is_dir():
+        return {}
+    return {
+        f"references/{p.name}": p.read_text(encoding="utf-8")
+        for p in sorted(refs.glob("*.md"))
+        if p.is_file()
+    }
+
+
+def load_router_table(folder: Path) -> RouterTable:
+    """Parse the router skill in `folder` (its SKILL.md body and references/*.md)."""
+    text = (folder / ROUTER_SKILL_FILE).read_text(encoding="utf-8")
+    _frontmatter, body, _start = split_frontmatter(text)
+    return parse_router(body, router_references(folder))

@@ -10,7 +10,8 @@ non-zero on problems. Checks:
 - every relative Markdown link resolves, case-sensitively, to a file inside the same skill;
 - `references/` is one level deep, each reference is linked from SKILL.md, and a file over 300
   lines starts with a table of contents;
-- the router parses, every skill it names exists, and every specialist is routed to;
+- the router parses (its SKILL.md with references/*.md), every skill it names exists, and every
+  specialist is routed to;
 - all descriptions together stay under 4,000 characters (clients cut longer skill listings).
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from torch_skills.skillpack.loader import ROUTER_NAME, SKILL_FILE, FrontmatterError, split_frontmatter
-from torch_skills.skillpack.router import RouterFormatError, parse_router
+from torch_skills.skillpack.router import RouterFormatError, load_router_table
 
 MAX_NAME = 64
 MAX_DESCRIPTION = 1024
@@ -211,11 +212,10 @@ def validate_pack(root: Path) -> Report:
     if not router_md.is_file():
         report.add(root / ROUTER_NAME, 0, "the router skill is missing")
         return report
-    text = router_md.read_text(encoding="utf-8")
     shown = router_md.relative_to(root.parent)
     try:
-        table = parse_router(text)
-    except RouterFormatError as e:
+        table = load_router_table(root / ROUTER_NAME)
+    except (RouterFormatError, FrontmatterError) as e:
         report.add(shown, 0, f"route() cannot parse the router: {e}")
         return report
     for skill in sorted(table.named_skills() - names):
