@@ -76,9 +76,11 @@ class Heartbeat:
         self._tg.start_soon(self._beat_forever)
         return self
 
-    async def __aexit__(self, *exc: object) -> bool | None:
+    async def __aexit__(self, *exc: object) -> None:
+        # The beats stop here; whatever the body raised propagates as itself (not wrapped in an
+        # exception group), since the task group never sees it.
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(*exc)
+        await self._tg.__aexit__(None, None, None)
 
     def status(self, doing: str) -> None:
         """What the call is doing before the worker reports (queued, starting): heartbeats say it."""
