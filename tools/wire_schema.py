@@ -177,10 +177,10 @@ def accepts(prop: dict[str, Any]) -> str:
         item = prop.get("items", {}).get("type", "value")
         text = f"a list of {item}s (or the list as a JSON string, e.g. '[1, 2]')"
     elif kind == "integer" or kind == "number":
-        bounds = [
-            f">= {prop['minimum']}" if "minimum" in prop else "",
-            f"<= {prop['maximum']}" if "maximum" in prop else "",
-        ]
+        said = prop.get("description") or ""  # an exclusive bound is noted there as "> 0"
+        low = "minimum" in prop and (">" if f"> {prop['minimum']}" in said else ">=")
+        high = "maximum" in prop and ("<" if f"< {prop['maximum']}" in said else "<=")
+        bounds = [f"{low} {prop['minimum']}" if low else "", f"{high} {prop['maximum']}" if high else ""]
         text = f"{'an integer' if kind == 'integer' else 'a number'} {' and '.join(b for b in bounds if b)}".strip()
     elif kind == "boolean":
         text = "true or false"
