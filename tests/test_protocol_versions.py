@@ -140,3 +140,26 @@ def test_protocol_errors_carry_invalid_params_and_say_what_to_send():
             )
     finally:
         assert client.close() == ""
+
+
+def test_a_2026_07_28_client_discovers_the_extension_through_server_discover():
+    """The stateless era: server/discover declares capabilities.extensions; skills/* carry the caching fields."""
+    client = RawClient()
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {SKILLS: {}}},
+    }
+    try:
+        discovered = client.request("server/discover", {"_meta": meta})["result"]
+        assert _declares_skills(discovered["capabilities"]) and "resources" in discovered["capabilities"]
+        listing = client.request("skills/list", {"_meta": meta})["result"]
+        assert (
+            listing["resultType"] == "complete" and listing["ttlMs"] > 0 and listing["cacheScope"] == "public"
+        )
+        got = client.request("skills/get", {"uri": listing["skills"][0]["uri"], "_meta": meta})["result"]
+        assert got["skill"]["uri"] == listing["skills"][0]["uri"] and got["ttlMs"] > 0
+        bad = client.request("skills/get", {"uri": "skill://nope/SKILL.md", "_meta": meta})["error"]
+        assert bad["code"] == -32602
+    finally:
+        assert client.close() == ""
