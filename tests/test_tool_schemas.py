@@ -190,3 +190,13 @@ async def test_bad_arguments_are_refused_naming_each_argument_and_what_it_accept
     missing = await client.call_tool("check_gradients", {"model": MODEL})
     assert missing.is_error and "input_shape" in missing.content[0].text
     assert "pydantic.dev" not in missing.content[0].text
+
+
+async def test_the_skill_tools_explain_bad_arguments_the_same_way(client: Client):
+    """route and get_skill argument errors name the argument and its type, without a docs URL."""
+    result = await client.call_tool("route", {})
+    assert result.is_error
+    text = result.content[0].text
+    assert "query: Field required" in text and "accepts a string" in text and "pydantic" not in text
+    wrong = await client.call_tool("get_skill", {"name": ["debugging-techniques"]})
+    assert wrong.is_error and "name:" in wrong.content[0].text and "pydantic" not in wrong.content[0].text

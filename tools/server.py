@@ -119,21 +119,14 @@ class TorchSkillsServer(MCPServer):
       those with a generic error and logs a traceback.
     """
 
-    _wire_tools: list[MCPTool] | None = None
+    _wire_tools: tuple[tuple[str, ...], list[MCPTool]] = ((), [])
 
     async def list_tools(self) -> list[MCPTool]:
-        if self._wire_tools is None:  # tools are fixed once the server is built
-            self._wire_tools = [
-                tool.model_copy(
-                    update={
-                        "description": inspect.cleandoc(tool.description or ""),
-                        "input_schema": portable_input_schema(tool.input_schema),
-                        "output_schema": tool.output_schema and compact_output_schema(tool.output_schema),
-                    }
-                )
-                for tool in await super().list_tools()
-            ]
-        return self._wire_tools
+        tools = await super().list_tools()
+        names = tuple(t.name for t in tools)
+        if self._wire_tools[0] != names:  # rewritten once, again only if the tool set changes
+            self._wire_tools = (names, [_wire_tool(t) for t in tools])
+        return self._wire_tools[1]
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -179,6 +172,17 @@ class TorchSkillsServer(MCPServer):
                 f"it takes: {', '.join(a.name for a in prompt.arguments or ())}",
             )
         return await super().get_prompt(name, given, context)
+
+
+def _wire_tool(tool: MCPTool) -> MCPTool:
+    """A tool as tools/list sends it: dedented description, portable input, compact output schema."""
+    return tool.model_copy(
+        update={
+            "description": inspect.cleandoc(tool.description or ""),
+            "input_schema": portable_input_schema(tool.input_schema),
+            "output_schema": tool.output_schema and compact_output_schema(tool.output_schema),
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------------
