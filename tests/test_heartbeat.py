@@ -81,3 +81,21 @@ async def test_a_25_second_job_sends_progress_at_least_every_heartbeat_interval(
     values = [p for _, p, _ in events]
     assert all(b > a for a, b in zip(values, values[1:], strict=False))
     assert any("sleepy: waiting (still running" in (m or "") for _, _, m in events)
+
+
+async def test_a_call_waiting_for_a_worker_slot_says_it_is_queued():
+    """With one slot busy, the second call's heartbeats say it is queued, then it runs."""
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    arguments = {"model": "tests/fixtures/client_models.py:build", "input_shape": [2, 16], "seconds": 3}
+    server = build_server(heartbeat_s=0.5, torch_tools=[SLEEPY], max_jobs=1, prewarm=False)
+    async with Client(server) as client, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: client.call_tool("sleepy", arguments))
+        await anyio.sleep(0.2)
+        second = await client.call_tool("sleepy", arguments, progress_callback=on_progress)
+    assert not second.is_error
+    assert any("queued behind 1 running job" in m for m in messages), messages
+    assert any(m.startswith("sleepy: waiting") for m in messages), messages
