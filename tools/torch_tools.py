@@ -4,17 +4,20 @@ Use it from the server: `register_torch_tool(mcp, TorchTool(name=..., request=..
 worker=..., description=...))`. A tool's arguments are the fields of its request model (a
 `ModelInputs` subclass in `torch_skills/<tool>/models.py`): the shared user-code contract
 (`model`, `model_kwargs`, `inputs`, `input_shape`, `input_dtype`, `loss`, `device`) is declared
-there once, each tool's own options beside it, so the schema a client sees is exactly the model's
-fields with their descriptions and bounds, plus the run limits every tool takes (`timeout_s`,
-`memory_limit_gib`). Adding a tool is a request model, a result model, a worker function and one
-`TorchTool(...)`.
+there once, each tool's own options beside it, so the schema a client sees is the model's fields
+with their descriptions and bounds (in the portable form of `wire_schema`), plus the run limits
+every tool takes (`timeout_s`, `memory_limit_gib`). Adding a tool is a request model, a result
+model, a worker function and one `TorchTool(...)`.
 
-The generated function checks every path the request names against the allowed roots (asking
-the client for its MCP roots only when a path lies outside the server's), runs the worker in a
-fresh child of the warm worker pool, and validates the answer into the result model.
+The generated function accepts what clients really send (`lenient`: lists and objects as JSON
+strings, a bare name for a list of names), refuses the rest with one clause per argument saying
+what it accepts, checks every path the request names against the allowed roots (asking the
+client for its MCP roots only when a path lies outside the server's), runs the worker in a fresh
+child of the warm worker pool while a heartbeat keeps the client's timeout from firing, and
+validates the answer into the result model.
 
-Known limitations: request fields whose default is a factory (`model_kwargs`) appear as optional
-with a null default in the schema; None means "the model's default" for every field.
+Known limitations: request fields whose default is a factory (`model_kwargs`) are optional with
+no default in the schema; None means "the model's default" for every field.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def lenient(annotation: Any) -> Callable[[Any], Any]:
     those become the list or object. Anything else is left for validation to accept or refuse.
     """
     structured = _origins(annotation) & {list, dict}
-    literals = {a for a in _literal_values(annotation)}
+    literals = set(_literal_values(annotation))
 
     def coerce(value: Any) -> Any:
         if not structured or not isinstance(value, str) or value in literals:
@@ -227,7 +230,7 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
         try:
             request = tool.request.model_validate({k: v for k, v in given.items() if v is not None})
         except ValidationError as e:
-            raise ToolError(explain_invalid_arguments(e, tool.name, _wire_input_schema(tool))) from None
+            raise ToolError(explain_invalid_arguments(e, tool.name, _request_schema(tool.request))) from None
         result = await run_in_worker(
             ctx,
             tool.worker,
@@ -252,11 +255,8 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
 
 @functools.cache
 def _request_schema(request: type[BaseModel]) -> dict[str, Any]:
+    """The request model's fields as tools/list shows them, for naming what an argument accepts."""
     return portable_input_schema(request.model_json_schema())
-
-
-def _wire_input_schema(tool: TorchTool) -> dict[str, Any]:
-    return _request_schema(tool.request)
 
 
 def register_torch_tool(mcp: MCPServer, tool: TorchTool) -> None:
