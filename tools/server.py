@@ -11,24 +11,28 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import json
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError, UnexpectedToolError
 from mcp.server.mcpserver.prompts.base import Prompt
 from mcp.server.mcpserver.resources import FunctionResource
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, RequestParams, ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
+from mcp_types import Tool as MCPTool
+from pydantic import BaseModel, Field, ValidationError
 
 from torch_skills import __version__
 from torch_skills.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
 from torch_skills.gradients.models import GradientRequest, GradientResult
+from torch_skills.heartbeat import DEFAULT_INTERVAL_S as DEFAULT_HEARTBEAT_S
 from torch_skills.memory.models import EstimateMemoryRequest, EstimateMemoryResult
 from torch_skills.profiling.models import ProfileRequest, ProfileResult
 from torch_skills.roots import AllowedRoots
@@ -43,17 +47,16 @@ from torch_skills.skillpack.loader import (
 )
 from torch_skills.skillpack.route import Router, RouteResult
 from torch_skills.skillpack.router import RouterFormatError, parse_router
+from torch_skills.skills_extension import DeclareSkillsOnHandshake, SkillsExtension
 from torch_skills.torch_tools import (
     RUNS_USER_CODE_WRITES_TRACE,
     TorchTool,
     anticipated_errors,
     register_torch_tool,
 )
+from torch_skills.wire_schema import compact_output_schema, explain_invalid_arguments, portable_input_schema
 
 log = logging.getLogger("torch-skills")
-
-SKILLS_EXTENSION = "io.modelcontextprotocol/skills"
-LISTING_TTL_MS = 300_000
 
 INSTRUCTIONS = f"""\
 PyTorch engineering help. Start with the router skill skill://{ROUTER_NAME}/SKILL.md: it maps a
@@ -82,46 +85,6 @@ WORKER_PRELOAD = (
 
 
 # ------------------------------------------------------------------------------------------------
-# Skills extension (io.modelcontextprotocol/skills): skills/list and skills/get
-# ------------------------------------------------------------------------------------------------
-class ListSkillsParams(RequestParams):
-    cursor: str | None = None
-
-
-class GetSkillParams(RequestParams):
-    uri: str
-
-
-class SkillsExtension(Extension):
-    """Serves `skills/list` and `skills/get` from the same SkillPack as the resources."""
-
-    identifier = SKILLS_EXTENSION
-
-    def __init__(self, pack: SkillPack):
-        self.pack = pack
-
-    def methods(self) -> Sequence[MethodBinding]:
-        return (
-            MethodBinding("skills/list", ListSkillsParams, self._list),
-            MethodBinding("skills/get", GetSkillParams, self._get),
-        )
-
-    async def _list(self, ctx: Any, params: ListSkillsParams) -> dict[str, Any]:
-        skills = [self.pack.entry(name) for name in self.pack.skills]
-        return {"resultType": "complete", "skills": skills, "ttlMs": LISTING_TTL_MS, "cacheScope": "public"}
-
-    async def _get(self, ctx: Any, params: GetSkillParams) -> dict[str, Any]:
-        try:
-            name, path = self.pack.parse_uri(params.uri)
-            if path != "SKILL.md":
-                raise SkillPathError(f"{params.uri!r} is not the URI of a SKILL.md")
-            entry = self.pack.entry(name)
-        except (SkillPathError, UnknownSkill) as e:
-            raise MCPError(INVALID_PARAMS, str(e)) from None
-        return {"resultType": "complete", "skill": entry, "ttlMs": LISTING_TTL_MS, "cacheScope": "public"}
-
-
-# ------------------------------------------------------------------------------------------------
 # Results of the skill tools
 # ------------------------------------------------------------------------------------------------
 class SkillSummary(BaseModel):
@@ -144,6 +107,86 @@ class SkillText(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------------
+# Protocol errors the spec names
+# ------------------------------------------------------------------------------------------------
+class TorchSkillsServer(MCPServer):
+    """MCPServer with the wire details clients depend on (the SDK's defaults differ):
+
+    - tools/list carries portable input schemas and compact output schemas (`wire_schema`);
+    - a tool call with bad arguments fails with one line per argument saying what it accepts;
+    - a tool result's text content is compact JSON (the structured content is unchanged);
+    - `prompts/get` fails with -32602 (Invalid params) and a message saying what to send, for an
+      unknown prompt name or a missing required argument, as the spec asks; the SDK answers
+      those with a generic error and logs a traceback.
+    """
+
+    _wire_tools: tuple[tuple[str, ...], list[MCPTool]] = ((), [])
+
+    async def list_tools(self) -> list[MCPTool]:
+        tools = await super().list_tools()
+        names = tuple(t.name for t in tools)
+        if self._wire_tools[0] != names:  # rewritten once, again only if the tool set changes
+            self._wire_tools = (names, [_wire_tool(t) for t in tools])
+        return self._wire_tools[1]
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> Any:
+        try:
+            result = await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if isinstance(e.__cause__, ValidationError) and not isinstance(e, UnexpectedToolError):
+                schemas = {t.name: t.input_schema for t in await self.list_tools()}
+                raise ToolError(
+                    explain_invalid_arguments(e.__cause__, name, schemas.get(name))
+                ) from e.__cause__
+            raise
+        if isinstance(result, CallToolResult) and result.structured_content is not None:
+            text = [c for c in result.content if isinstance(c, TextContent)]
+            if len(text) == 1 and len(result.content) == 1:
+                compact = json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
+                result = result.model_copy(update={"content": [TextContent(type="text", text=compact)]})
+        return result
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> Any:
+        prompts = {p.name: p for p in await self.list_prompts()}
+        prompt = prompts.get(name)
+        if prompt is None:
+            raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}; the prompts are: {', '.join(prompts)}")
+        given = arguments or {}
+        missing = [a.name for a in prompt.arguments or () if a.required and given.get(a.name) in (None, "")]
+        if missing:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"prompt {name!r} needs the argument(s) {', '.join(repr(m) for m in missing)}: "
+                + "; ".join(
+                    f"{a.name}: {a.description}" for a in prompt.arguments or () if a.name in missing
+                ),
+            )
+        unknown = sorted(set(given) - {a.name for a in prompt.arguments or ()})
+        if unknown:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"prompt {name!r} takes no argument(s) {', '.join(map(repr, unknown))}; "
+                f"it takes: {', '.join(a.name for a in prompt.arguments or ())}",
+            )
+        return await super().get_prompt(name, given, context)
+
+
+def _wire_tool(tool: MCPTool) -> MCPTool:
+    """A tool as tools/list sends it: dedented description, portable input, compact output schema."""
+    return tool.model_copy(
+        update={
+            "description": inspect.cleandoc(tool.description or ""),
+            "input_schema": portable_input_schema(tool.input_schema),
+            "output_schema": tool.output_schema and compact_output_schema(tool.output_schema),
+        }
+    )
+
+
+# ------------------------------------------------------------------------------------------------
 # Server state shared by the tool calls
 # ------------------------------------------------------------------------------------------------
 @dataclass
@@ -152,6 +195,8 @@ class ServerState:
     roots: AllowedRoots
     pool: WorkerPool
     memory_limit_bytes: int
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S  # longest silence during a torch-tool call, seconds
+    jobs_in_flight: int = 0  # torch-tool calls running or queued (for the queued-progress message)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,8 +209,16 @@ def build_server(
     max_jobs: int = 2,
     prewarm: bool = True,
     memory_limit_gib: float | None = None,
+    heartbeat_s: float | None = None,
+    torch_tools: Sequence[TorchTool] | None = None,
 ) -> MCPServer:
-    """The configured MCPServer. Tests use `Client(build_server())`; `main()` runs it."""
+    """The configured MCPServer. Tests use `Client(build_server())`; `main()` runs it.
+
+    `heartbeat_s`: the longest a torch-tool call goes without a progress notification (default:
+    the TORCH_SKILLS_HEARTBEAT_S environment variable, else 5 s). `torch_tools`: the tools that
+    run user code (default `TORCH_TOOLS`; tests add their own).
+    """
+    heartbeat = heartbeat_s if heartbeat_s is not None else _heartbeat_from_env()
     pack = SkillPack.load(skills_dir)
     roots = AllowedRoots(Path.cwd(), tuple(Path(p) for p in allow))
     memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes()
@@ -175,23 +228,37 @@ def build_server(
         async with WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD) as pool:
             if prewarm:
                 pool.prewarm(delay_s=PREWARM_DELAY_S)
-            yield ServerState(pack, roots, pool, memory_limit)
+            yield ServerState(pack, roots, pool, memory_limit, heartbeat_s=heartbeat)
 
-    mcp = MCPServer(
+    mcp = TorchSkillsServer(
         "torch-skills",
         title="PyTorch engineering skills",
         instructions=INSTRUCTIONS,
         version=__version__,
         extensions=[SkillsExtension(pack)],
+        middleware=[DeclareSkillsOnHandshake()],
         lifespan=lifespan,
     )
     _register_skill_resources(mcp, pack)
     _register_skill_tools(mcp, pack)
     _register_route(mcp, pack)
     _register_prompts(mcp, pack)
-    for tool in TORCH_TOOLS:
+    for tool in TORCH_TOOLS if torch_tools is None else torch_tools:
         register_torch_tool(mcp, tool)
     return mcp
+
+
+def _heartbeat_from_env() -> float:
+    raw = os.environ.get("TORCH_SKILLS_HEARTBEAT_S")
+    if not raw:
+        return DEFAULT_HEARTBEAT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 60:
+        raise ValueError(f"TORCH_SKILLS_HEARTBEAT_S must be a number of seconds in (0, 60], got {raw!r}")
+    return value
 
 
 def _register_skill_resources(mcp: MCPServer, pack: SkillPack) -> None:
@@ -215,7 +282,6 @@ def _register_skill_resources(mcp: MCPServer, pack: SkillPack) -> None:
                     description=skill.description if file.path == "SKILL.md" else None,
                     mime_type=mime_type_for(file.path),
                     fn=read,
-                    meta={"io.modelcontextprotocol.skills/digest": file.digest},
                 )
             )
 
@@ -357,18 +423,16 @@ to read for the fix.""",
         hidden=("loss", "max_listed"),
         description="""Is this checkpoint safe to load, complete for resuming, and does it fit my model?
 
-Never executes the file: every pickle in it (torch zip data.pkl and any hidden member, legacy
-torch files, plain pickles, DCP .metadata and bytes items) is disassembled statically and
-every global it would import is checked against what torch.load(weights_only=True) allows;
-anything else (os.system, exec, importlib, gadget chains, names computed at load time,
-broken or truncated pickles) makes `safe` false, with file and byte offset. Corrupt or
-hostile structure (truncated zips, '..' member names, sizes beyond the file, lying
-safetensors headers, deep nesting) is reported too. Only a safe file is opened
-(torch.load(weights_only=True, mmap=True), or safetensors read by offset): tensor count,
-bytes and dtypes, NaN/Inf counts, which resume pieces are present (model, optimizer,
-scheduler, grad scaler, epoch/step, torch/cuda/numpy/python RNG, sampler) and optimizer
-consistency. With `model`, compares keys and shapes, detects the prefix fix (module.,
-_orig_mod., _fsdp_wrapped_module., ...) and can load strictly and run a forward.""",
+Never executes the file: every pickle in it (torch zip, legacy torch, plain pickle, DCP
+.metadata) is disassembled statically and each global it would import is checked against what
+torch.load(weights_only=True) allows; anything else (os.system, exec, gadget chains, names
+computed at load time, broken pickles) makes `safe` false, with file and byte offset. Hostile
+structure (truncated zips, '..' members, sizes beyond the file, lying safetensors headers) is
+reported too. Only a safe file is opened (weights_only=True, mmap; safetensors by offset):
+tensor count, bytes, dtypes, NaN/Inf counts, which resume pieces are present (model,
+optimizer, scheduler, grad scaler, epoch/step, RNG states, sampler), optimizer consistency.
+With `model`: compares keys and shapes, finds the prefix fix (module., _orig_mod., ...) and
+can load strictly and run a forward.""",
     ),
     TorchTool(
         name="estimate_memory",

@@ -4,23 +4,30 @@ Use it from the server: `register_torch_tool(mcp, TorchTool(name=..., request=..
 worker=..., description=...))`. A tool's arguments are the fields of its request model (a
 `ModelInputs` subclass in `torch_skills/<tool>/models.py`): the shared user-code contract
 (`model`, `model_kwargs`, `inputs`, `input_shape`, `input_dtype`, `loss`, `device`) is declared
-there once, each tool's own options beside it, so the schema a client sees is exactly the model's
-fields with their descriptions and bounds, plus the run limits every tool takes (`timeout_s`,
-`memory_limit_gib`). Adding a tool is a request model, a result model, a worker function and one
-`TorchTool(...)`.
+there once, each tool's own options beside it, so the schema a client sees is the model's fields
+with their descriptions and bounds (in the portable form of `wire_schema`), plus the run limits
+every tool takes (`timeout_s`, `memory_limit_gib`). Adding a tool is a request model, a result
+model, a worker function and one `TorchTool(...)`.
 
-The generated function checks every path the request names against the allowed roots (asking
-the client for its MCP roots only when a path lies outside the server's), runs the worker in a
-fresh child of the warm worker pool, and validates the answer into the result model.
+The generated function accepts what clients really send (`lenient`: lists and objects as JSON
+strings, a bare name for a list of names), refuses the rest with one clause per argument saying
+what it accepts, checks every path the request names against the allowed roots (asking the
+client for its MCP roots only when a path lies outside the server's), runs the worker in a fresh
+child of the warm worker pool while a heartbeat keeps the client's timeout from firing, and
+validates the answer into the result model.
 
-Known limitations: request fields whose default is a factory (`model_kwargs`) appear as optional
-with a null default in the schema; None means "the model's default" for every field.
+Known limitations: request fields whose default is a factory (`model_kwargs`) are optional with
+no default in the schema; None means "the model's default" for every field.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import json
+import types
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
@@ -28,13 +35,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ListRootsResult, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from torch_skills.heartbeat import Heartbeat
 from torch_skills.roots import PathNotAllowed
 from torch_skills.runner.errors import WorkerError
 from torch_skills.skillpack.loader import SkillPathError, UnknownSkill
 from torch_skills.userspec import CodeRef, CodeRefError
+from torch_skills.wire_schema import explain_invalid_arguments, portable_input_schema
 
 if TYPE_CHECKING:
     from torch_skills.server import ServerState
@@ -82,10 +91,53 @@ class TorchTool:
     annotations: ToolAnnotations = field(default_factory=lambda: RUNS_USER_CODE)
 
 
+def lenient(annotation: Any) -> Callable[[Any], Any]:
+    """A before-validator for a tool argument of type `annotation` that takes what clients send.
+
+    Some clients send every list or object argument as a JSON string ('["Block"]',
+    '{"layers": 2}', '[8, 16]'), or a bare name where a list of names is expected ("Block"):
+    those become the list or object. Anything else is left for validation to accept or refuse.
+    """
+    structured = _origins(annotation) & {list, dict}
+    literals = set(_literal_values(annotation))
+
+    def coerce(value: Any) -> Any:
+        if not structured or not isinstance(value, str) or value in literals:
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, (list, dict)):
+            return parsed
+        if list in structured and value.strip() and parsed is None:
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    return coerce
+
+
+def _origins(annotation: Any) -> set[Any]:
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType) or origin is typing.Annotated:
+        return set().union(*(_origins(a) for a in args))
+    return {origin or annotation}
+
+
+def _literal_values(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return list(typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return [v for a in typing.get_args(annotation) for v in _literal_values(a)]
+    return []
+
+
 def _argument(name: str, field: FieldInfo) -> inspect.Parameter:
     """A keyword parameter carrying the request field's type, bounds and description."""
     annotation: Any = field.annotation
-    metadata = [*field.metadata, Field(description=field.description)]
+    metadata = [*field.metadata, BeforeValidator(lenient(annotation)), Field(description=field.description)]
     if field.is_required():
         return inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[(annotation, *metadata)]
@@ -175,8 +227,10 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
         memory_limit_gib: float | None = None,
         **given: Any,
     ) -> Any:
-        with anticipated_errors():
+        try:
             request = tool.request.model_validate({k: v for k, v in given.items() if v is not None})
+        except ValidationError as e:
+            raise ToolError(explain_invalid_arguments(e, tool.name, _request_schema(tool.request))) from None
         result = await run_in_worker(
             ctx,
             tool.worker,
@@ -186,6 +240,7 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
             device=str(getattr(request, "device", "auto")),
             check_paths=request.named_paths(),  # type: ignore[attr-defined]
             client_roots=client_roots,
+            label=tool.name,
         )
         with anticipated_errors():
             return tool.result.model_validate(result)
@@ -196,6 +251,12 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
     call.__name__ = call.__qualname__ = tool.name
     call.__doc__ = tool.description
     return call
+
+
+@functools.cache
+def _request_schema(request: type[BaseModel]) -> dict[str, Any]:
+    """The request model's fields as tools/list shows them, for naming what an argument accepts."""
+    return portable_input_schema(request.model_json_schema())
 
 
 def register_torch_tool(mcp: MCPServer, tool: TorchTool) -> None:
@@ -213,8 +274,13 @@ async def run_in_worker(
     device: str = "auto",
     check_paths: Sequence[str] = (),
     client_roots: ListRootsResult | None = None,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """Run a tool function in a fresh worker child; return its result dict with `run` facts filled in.
+
+    While the job waits or runs, the client gets a progress notification at least every
+    `state.heartbeat_s` seconds (`torch_skills.heartbeat`), merged with the worker's phase
+    reports, under the name `label`.
 
     Every path the request names must be in `check_paths`: they are checked here, before any code
     runs, against the server's roots plus `client_roots` (from `client_roots_when_needed`).
@@ -228,21 +294,29 @@ async def run_in_worker(
         for path in check_paths:
             roots.check(path)
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
-        await ctx.report_progress(done, total, message)
-
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
-    with anticipated_errors():
-        job = await state.pool.run(
-            fn,
-            request,
-            timeout_s=timeout_s,
-            memory_limit_bytes=limit,
-            device=device,
-            cwd=roots.cwd,
-            allowed_roots=list(roots.all),
-            on_progress=progress,
-        )
+    running = state.jobs_in_flight
+    state.jobs_in_flight += 1
+    try:
+        async with Heartbeat(ctx.report_progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
+            beat.status(
+                f"queued behind {running} running job(s) (at most {state.pool.max_concurrent} at a time)"
+                if running >= state.pool.max_concurrent
+                else "starting a worker process"
+            )
+            with anticipated_errors():
+                job = await state.pool.run(
+                    fn,
+                    request,
+                    timeout_s=timeout_s,
+                    memory_limit_bytes=limit,
+                    device=device,
+                    cwd=roots.cwd,
+                    allowed_roots=list(roots.all),
+                    on_progress=beat.phase,
+                )
+    finally:
+        state.jobs_in_flight -= 1
     result = dict(job.result)
     result["run"] = {
         "device": job.device,
