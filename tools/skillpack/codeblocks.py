@@ -9,6 +9,9 @@ The info string after the fence says how a block is checked:
 - ```python cuda         needs a GPU: compiled here, run where CUDA is present
 - ```python torchrun     a distributed script: run as `torchrun --standalone --nproc-per-node 2`
                          on CPU, so it must pick the gloo backend when CUDA is absent
+- ```python torchrun slow  the same, but long (a whole training script): its test carries
+                         `@pytest.mark.slow`, so it runs in the slow CI step (`pytest -m slow`),
+                         not in the default run; `slow` combines with any mode
 Other languages (bash, text, ...) are not run. Blocks run in a temporary working directory with
 a 120 s timeout; keep them to small tensors and a few seconds.
 """
@@ -29,7 +32,7 @@ from typing import Any
 import anyio
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-KNOWN_TAGS = {"cuda", "torchrun"}
+KNOWN_TAGS = {"cuda", "torchrun", "slow"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class CodeBlock:
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
+
+    @property
+    def slow(self) -> bool:
+        """Tagged `slow`: tested only in the slow set (`pytest -m slow`)."""
+        return "slow" in self.tags
 
     @property
     def mode(self) -> str:
