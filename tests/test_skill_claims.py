@@ -204,3 +204,48 @@ def test_no_skill_offers_nan_to_num_as_a_check():
         for line in path.read_text().splitlines():
             if "nan_to_num" in line:
                 assert re.search(r"hide|not a test|Not `torch.nan_to_num`", line, re.I), f"{path}: {line}"
+
+
+# -- API names -------------------------------------------------------------------------------------
+_CUDA_BUILD_ONLY = re.compile(r"^torch\._C\._cuda")  # bindings compiled only into CUDA wheels
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except Exception:  # noqa: BLE001 - not a module at this depth: try a shorter prefix
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_torch_name_the_skills_mention_exists_in_the_installed_torch():
+    """Each dotted torch.* name in the skills' text and code resolves (no renamed or removed APIs)."""
+    names = {
+        m.group(0)
+        for path in SKILLS.rglob("*.md")
+        for m in re.finditer(r"\btorch(?:\.[A-Za-z_]\w*)+", path.read_text())
+    }
+    missing = sorted(n for n in names if not _CUDA_BUILD_ONLY.match(n) and not _resolves(n))
+    assert not missing, f"names that do not exist in torch {torch.__version__}: {missing}"
+
+
+def test_cross_skill_references_name_files_that_exist():
+    """'the `X` skill's `references/Y.md`' and 'X/references/Y.md' point at real files."""
+    pattern = re.compile(r"`([a-z-]+)` skill's\s+`?(references/[\w-]+\.md)|\b([a-z-]+)/(references/[\w-]+\.md)")
+    broken = []
+    for path in SKILLS.rglob("*.md"):
+        for m in pattern.finditer(path.read_text()):
+            skill, ref = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            if not (SKILLS / skill / ref).is_file():
+                broken.append(f"{path.relative_to(SKILLS)}: {skill}/{ref}")
+    assert not broken, broken
