@@ -140,9 +140,11 @@ def test_bf16_autocast_saves_a_bf16_copy_of_the_weight_for_backward():
         return t
 
     hidden = torch.randn(16, 64, requires_grad=True)  # an activation: it needs a gradient too
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            layer(hidden).sum()
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        layer(hidden).sum()
     weight_copies = [t for t in saved if t.shape == layer.weight.T.shape]
     assert weight_copies and all(t.dtype == torch.bfloat16 for t in weight_copies)
     assert layer.weight.dtype == torch.float32  # the fp32 weight lives on beside its copy
@@ -172,14 +174,18 @@ def test_the_cuda_autocast_lists_in_the_reference_match_the_installed_header():
     if not header_path.exists():
         pytest.skip("this torch wheel ships no ATen headers")
     header = header_path.read_text()
-    ref = (SKILLS / "mixed-precision-and-optimization" / "references" / "autocast-and-grad-scaler.md").read_text()
+    ref = (
+        SKILLS / "mixed-precision-and-optimization" / "references" / "autocast-and-grad-scaler.md"
+    ).read_text()
     lower = _header_list(header, "AT_FORALL_LOWER_PRECISION_FP")
     assert "scaled_dot_product_attention" in lower
     assert _reference_list(ref, "**Cast to fp16/bf16**:") == lower
     fp32 = _header_list(header, "AT_FORALL_FP32")
     listed = _reference_list(ref, "**Cast to fp32**:")
     assert listed <= fp32 and fp32 - listed <= {n for n in fp32 if n.startswith(("upsample", "_upsample"))}
-    assert _reference_list(ref, "**Promote to the widest input type**:") == _header_list(header, "AT_FORALL_PROMOTE")
+    assert _reference_list(ref, "**Promote to the widest input type**:") == _header_list(
+        header, "AT_FORALL_PROMOTE"
+    )
 
 
 def test_is_bf16_supported_counts_emulation_unless_told_not_to():
@@ -241,7 +247,9 @@ def test_every_torch_name_the_skills_mention_exists_in_the_installed_torch():
 
 def test_cross_skill_references_name_files_that_exist():
     """'the `X` skill's `references/Y.md`' and 'X/references/Y.md' point at real files."""
-    pattern = re.compile(r"`([a-z-]+)` skill's\s+`?(references/[\w-]+\.md)|\b([a-z-]+)/(references/[\w-]+\.md)")
+    pattern = re.compile(
+        r"`([a-z-]+)` skill's\s+`?(references/[\w-]+\.md)|\b([a-z-]+)/(references/[\w-]+\.md)"
+    )
     broken = []
     for path in SKILLS.rglob("*.md"):
         for m in pattern.finditer(path.read_text()):
