@@ -257,3 +257,29 @@ def test_cross_skill_references_name_files_that_exist():
             if not (SKILLS / skill / ref).is_file():
                 broken.append(f"{path.relative_to(SKILLS)}: {skill}/{ref}")
     assert not broken, broken
+
+
+# -- tools woven into the skills ---------------------------------------------------------------------
+WHAT_IF_OPTIONS = {
+    "check_gradients": ["gradgradcheck", "function", "input_dtype", "model_kwargs"],
+    "estimate_memory": [
+        "activation_checkpointing",
+        "precision",
+        "gradient_accumulation",
+        "batch_size",
+        "device_memory_gib",
+        "sharding",
+    ],
+    "profile_model": ["data", "compile", "trace_path", "precision"],
+    "verify_checkpoint": ["load_and_run", "model"],
+}
+
+
+@pytest.mark.parametrize(
+    ("tool", "option"), [(t, o) for t, options in WHAT_IF_OPTIONS.items() for o in options]
+)
+def test_a_specialist_skill_shows_the_tool_call_with_each_what_if_option(tool: str, option: str):
+    """Each tool option that answers a decision appears in a call written out in a specialist skill."""
+    call = re.compile(rf"{tool}\([^)]*\b{option}=", re.S)
+    files = [p for p in SKILLS.rglob("*.md") if "using-pytorch-engineering" not in p.parts]
+    assert any(call.search(p.read_text()) for p in files), f"no `{tool}(..., {option}=...)` in the skills"
