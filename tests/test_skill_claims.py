@@ -283,3 +283,24 @@ def test_a_specialist_skill_shows_the_tool_call_with_each_what_if_option(tool: s
     call = re.compile(rf"{tool}\([^)]*\b{option}=", re.S)
     files = [p for p in SKILLS.rglob("*.md") if "using-pytorch-engineering" not in p.parts]
     assert any(call.search(p.read_text()) for p in files), f"no `{tool}(..., {option}=...)` in the skills"
+
+
+# -- one home per table and example ----------------------------------------------------------------
+def test_the_compile_modes_table_has_one_home():
+    """Only torch-compile.md tabulates the compile modes; other skills link to it."""
+    homes = [
+        p.relative_to(SKILLS).as_posix()
+        for p in SKILLS.rglob("*.md")
+        if re.search(r"^\|\s*`\"?max-autotune\"?`\s*\|", p.read_text(), re.M)
+    ]
+    assert homes == ["mixed-precision-and-optimization/references/torch-compile.md"], homes
+
+
+def test_the_fsdp2_dcp_round_trip_example_has_one_home():
+    """One runnable get_state_dict + dcp.save + dcp.load example; the other places link to it."""
+    homes = [
+        b.where
+        for b in python_blocks([SKILLS])
+        if all(s in b.code for s in ("get_state_dict(", "dcp.save(", "dcp.load("))
+    ]
+    assert len(homes) == 1 and "distributed-checkpoint.md" in homes[0], homes
