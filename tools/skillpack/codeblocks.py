@@ -225,7 +225,8 @@ def main(argv: list[str]) -> int:
     failed = [o for o in outcomes if not o.passed]
     for o in outcomes:
         status = "ok  " if o.passed else "FAIL"
-        print(f"{status} {o.block.mode:8} {o.seconds:6.2f}s {o.block.where}")
+        mode = o.block.mode + (" slow" if o.block.slow else "")
+        print(f"{status} {mode:13} {o.seconds:6.2f}s {o.block.where}")
     for o in failed:
         print(f"\n--- {o.block.where} ---\n{o.detail}")
     print(f"\n{len(outcomes) - len(failed)} passed, {len(failed)} failed")
