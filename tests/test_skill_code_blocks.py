@@ -57,3 +57,14 @@ def test_the_skills_hold_python_examples():
     """The pack teaches with runnable code: every specialist has Python blocks."""
     with_blocks = {b.file.relative_to(DEFAULT_SKILLS_DIR).parts[0] for b in BLOCKS}
     assert len(with_blocks) >= 8, f"skills without Python examples: {with_blocks}"
+
+
+def test_a_slow_tag_combines_with_the_block_mode(tmp_path):
+    """`python torchrun slow` is a torchrun block kept out of the default run; untagged blocks are fast."""
+    from tools.skillpack.codeblocks import extract_blocks
+
+    page = tmp_path / "page.md"
+    page.write_text("```python torchrun slow\nprint(1)\n```\n\n```python\nprint(2)\n```\n")
+    slow, fast = extract_blocks(page)
+    assert (slow.mode, slow.slow) == ("torchrun", True)
+    assert (fast.mode, fast.slow) == ("run", False)
