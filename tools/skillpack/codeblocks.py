@@ -9,6 +9,9 @@ The info string after the fence says how a block is checked:
 - ```python cuda         needs a GPU: compiled here, run where CUDA is present
 - ```python torchrun     a distributed script: run as `torchrun --standalone --nproc-per-node 2`
                          on CPU, so it must pick the gloo backend when CUDA is absent
+- ```python torchrun slow  the same, but long (a whole training script): its test carries
+                         `@pytest.mark.slow`, so it runs in the slow CI step (`pytest -m slow`),
+                         not in the default run; `slow` combines with any mode
 Other languages (bash, text, ...) are not run. Blocks run in a temporary working directory with
 a 120 s timeout; keep them to small tensors and a few seconds.
 """
@@ -31,7 +34,7 @@ import anyio
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-KNOWN_TAGS = {"cuda", "torchrun"}
+KNOWN_TAGS = {"cuda", "torchrun", "slow"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class CodeBlock:
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
+
+    @property
+    def slow(self) -> bool:
+        """Tested only in the slow set (`pytest -m slow`): tagged `slow`, or multi-process (`torchrun`)."""
+        return "slow" in self.tags or "torchrun" in self.tags
 
     @property
     def mode(self) -> str:
@@ -220,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [o for o in outcomes if not o.passed]
     for o in outcomes:
         status = "ok  " if o.passed else "FAIL"
-        print(f"{status} {o.block.mode:8} {o.seconds:6.2f}s {o.block.where}")
+        mode = o.block.mode + (" slow" if o.block.slow else "")
+        print(f"{status} {mode:13} {o.seconds:6.2f}s {o.block.where}")
     for o in failed:
         print(f"\n--- {o.block.where} ---\n{o.detail}")
     print(f"\n{len(outcomes) - len(failed)} passed, {len(failed)} failed")
