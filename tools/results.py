@@ -41,6 +41,9 @@ class RunInfo(BaseModel):
 
     device: str = Field(description="device the code ran on, e.g. 'cpu' or 'cuda:0'")
     torch_version: str
+    python: str = Field(
+        default="", description="the interpreter that ran the code (--python, or found in the project)"
+    )
     wall_time_s: float = Field(description="seconds from fork to result inside the worker")
     output: str = Field(
         default="", description="what the user's code printed (stdout and stderr), head and tail"

@@ -32,6 +32,7 @@ from torch_skills.gradients.models import GradientRequest, GradientResult
 from torch_skills.memory.models import EstimateMemoryRequest, EstimateMemoryResult
 from torch_skills.profiling.models import ProfileRequest, ProfileResult
 from torch_skills.roots import AllowedRoots
+from torch_skills.runner.interpreter import find_interpreter
 from torch_skills.runner.pool import WorkerPool, default_memory_limit_bytes
 from torch_skills.skillpack.loader import (
     DEFAULT_SKILLS_DIR,
@@ -163,15 +164,28 @@ def build_server(
     max_jobs: int = 2,
     prewarm: bool = True,
     memory_limit_gib: float | None = None,
+    python: str | None = None,
 ) -> MCPServer:
-    """The configured MCPServer. Tests use `Client(build_server())`; `main()` runs it."""
+    """The configured MCPServer. Tests use `Client(build_server())`; `main()` runs it.
+
+    `python` is the interpreter the user's code runs under (a path, or an environment folder);
+    None finds it from VIRTUAL_ENV, a .venv/venv in the working directory or an --allow root, or
+    CONDA_PREFIX, else the server's own (torch_skills.runner.interpreter). A bad path raises
+    InterpreterError."""
     pack = SkillPack.load(skills_dir)
     roots = AllowedRoots(Path.cwd(), tuple(Path(p) for p in allow))
+    worker_python = find_interpreter(python, project_dirs=roots.all)
+    log.info("user code runs under %s", worker_python.describe())
     memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[ServerState]:
-        async with WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD) as pool:
+        async with WorkerPool(
+            max_concurrent=max_jobs,
+            preload=WORKER_PRELOAD,
+            python=str(worker_python.executable),
+            python_source=worker_python.source,
+        ) as pool:
             if prewarm:
                 pool.prewarm(delay_s=PREWARM_DELAY_S)
             yield ServerState(pack, roots, pool, memory_limit)

@@ -35,7 +35,7 @@ import anyio
 from anyio.abc import Process, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from torch_skills.runner import protocol
+from torch_skills.runner import interpreter, protocol
 from torch_skills.runner.errors import WorkerError
 
 # The worker is started through this file, so it imports the package the server runs from
@@ -66,6 +66,7 @@ class JobResult:
     output_bytes: int
     output_truncated: bool
     peak_rss_bytes: int
+    python: str = ""  # the interpreter that ran the code
 
 
 @dataclass
@@ -85,11 +86,14 @@ class WorkerPool:
         max_concurrent: int = 2,
         preload: tuple[str, ...] = (),
         python: str = sys.executable,
+        python_source: str = "the server's own",
         start_timeout_s: float = 120.0,
     ):
         self.max_concurrent = max_concurrent
         self.preload = preload
         self.python = python
+        self.python_source = python_source  # why this interpreter (for messages)
+        self._deps_dir: Path | None = None
         self.start_timeout_s = start_timeout_s
         self._slots = anyio.Semaphore(max_concurrent)
         self._task_group: TaskGroup | None = None
@@ -117,6 +121,9 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop the warm worker; its children die with it (they are killed on its stdin EOF)."""
         process, self._process = self._process, None
+        deps_dir, self._deps_dir = self._deps_dir, None
+        if deps_dir is not None:
+            shutil.rmtree(deps_dir, ignore_errors=True)  # the running worker has its imports already
         if process is None:
             return
         with anyio.CancelScope(shield=True):
@@ -159,6 +166,11 @@ class WorkerPool:
             env = dict(os.environ)
             env["PYTHONUNBUFFERED"] = "1"
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+            env.pop(interpreter.WORKER_PATH_ENV, None)
+            if not interpreter.same_environment(self.python, sys.executable):
+                if self._deps_dir is None or not self._deps_dir.is_dir():
+                    self._deps_dir = interpreter.worker_dependency_dir()
+                env[interpreter.WORKER_PATH_ENV] = str(self._deps_dir)
             args = [self.python, str(BOOTSTRAP), "runner.zygote"]
             for module in self.preload:
                 args += ["--preload", module]
@@ -192,7 +204,14 @@ class WorkerPool:
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "ready":
-            self._info = {k: event[k] for k in ("torch", "cuda", "pid")}
+            self._info = {k: event.get(k) for k in ("torch", "cuda", "pid", "python", "python_version")}
+            self._ready.set()
+            return
+        if kind == "unusable":
+            self._startup_error = (
+                f"{event.get('message', 'the worker cannot run the tools')} "
+                f"(interpreter chosen: {self.python_source})"
+            )
             self._ready.set()
             return
         pending = self._pending.get(event.get("job", ""))
@@ -216,8 +235,9 @@ class WorkerPool:
             self._process = None
         if not self._ready.is_set():
             self._startup_error = (
-                f"the torch worker exited while starting (exit code {code}); check that `python -c 'import torch'` "
-                "works in the server's environment"
+                f"the torch worker ({self.python}, {self.python_source}) exited while starting (exit code {code}); "
+                f"check that `{self.python} -c 'import torch'` works, or start the server with --python "
+                "pointing at the interpreter your project uses"
             )
             self._ready.set()
         for pending in self._pending.values():
@@ -392,6 +412,7 @@ class WorkerPool:
                 output_bytes=int(exit_info.get("output_bytes", 0)),
                 output_truncated=bool(exit_info.get("output_truncated", False)),
                 peak_rss_bytes=int(exit_info.get("peak_rss_bytes", 0)),
+                python=str(self._info.get("python") or self.python),
             )
         if error_path.exists():
             error = json.loads(error_path.read_text())
