@@ -36,6 +36,21 @@ class Finding(BaseModel):
     skill: SkillName | None = Field(default=None, description="the skill to read next for the fix")
 
 
+class BatchRule(BaseModel):
+    """How the tool fed the batch to the model and where the loss came from (one rule for every tool)."""
+
+    batch: Literal["tensor", "positional", "inputs_target", "dict", "other"] = Field(
+        description="tensor: model(x); positional: model(*batch); inputs_target: the last element of a "
+        "tuple the forward cannot take is the target; dict: model(**batch)"
+    )
+    call: str = Field(description="the call made, e.g. 'model(batch[0]), target batch[-1]'")
+    loss: str | None = Field(
+        default=None,
+        description="where the loss came from: the user's loss, output.loss (the model's own), a "
+        "target-aware default (cross-entropy, MSE) or the mean of the output; None when no loss is taken",
+    )
+
+
 class RunInfo(BaseModel):
     """How the user's code was run: where, how long, and what it printed."""
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from torch_skills.results import Finding, RunInfo
+from torch_skills.results import BatchRule, Finding, RunInfo
 from torch_skills.userspec import CodeRef, ModelInputs
 
 CheckpointFormat = Literal[
@@ -246,6 +246,7 @@ class LoadAndRun(BaseModel):
     output_shapes: list[list[int]]
     output_finite: bool | None
     mode: str = "eval"
+    batch_rule: BatchRule | None = Field(default=None, description="how the batch was fed to the forward")
 
 
 class VerifyCheckpointResult(BaseModel):

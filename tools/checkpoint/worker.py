@@ -44,6 +44,7 @@ from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     call_model,
+    describe_rule,
     make_batch,
     resolve_device,
     to_device,
@@ -254,6 +255,7 @@ def _load_and_run(
         result.error = _error_text("the forward pass", e)
         return result
     result.forward_ran = True
+    result.batch_rule = describe_rule(model, batch, None)
     tensors = [t for _, t in walk(output) if isinstance(t, torch.Tensor)]
     result.output_shapes = [list(t.shape) for t in tensors[:20]]
     floats = [t for t in tensors if t.is_floating_point() or t.is_complex()]

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from torch_skills.results import Finding, RunInfo
+from torch_skills.results import BatchRule, Finding, RunInfo
 from torch_skills.userspec import CodeRef, ModelInputs
 
 FINDING_CODES: dict[str, str] = {
@@ -297,6 +297,9 @@ class GradientResult(BaseModel):
     mode: Literal["model", "gradcheck"]
     target: str = Field(description="the model factory or function that was checked")
     loss: LossInfo | None = None
+    batch_rule: BatchRule | None = Field(
+        default=None, description="how the batch was fed and where the loss came from (model mode)"
+    )
     nonfinite: NonfiniteLocation | None = Field(
         default=None, description="None when every value and gradient was finite"
     )

@@ -52,6 +52,7 @@ from torch_skills.runner.usercode import (
     build_model,
     call_model,
     compute_loss,
+    describe_rule,
     load_callable,
     make_batch,
     resolve_device,
@@ -104,7 +105,7 @@ def check_model(request: GradientRequest, job: JobContext) -> GradientResult:
     step = Step(
         model,
         batch,
-        lambda output: compute_loss(request, job.cwd, job.allowed_roots, output, batch),
+        lambda output: compute_loss(request, job.cwd, job.allowed_roots, output, batch, model),
         request.seed,
         job.cwd,
     )
@@ -130,6 +131,7 @@ def examine(
             output = call_model(model, step.batch)
         loss, how = step.loss_of(output)
     result.loss = _describe_loss(loss, how)
+    result.batch_rule = describe_rule(model, step.batch, how)
     if loss.requires_grad:
         result.custom_functions = _custom_functions(loss, step.cwd)
         with _timed(timings, "backward_s"), user_code("the backward pass"):

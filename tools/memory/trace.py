@@ -41,6 +41,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch_skills.memory.ledger import StorageLedger
 from torch_skills.memory.modules import ModuleScope
 from torch_skills.memory.probes import KernelProbe
+from torch_skills.runner import usercode
 
 OUTSIDE_MODULES = "(outside any module: loss, functional code)"
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -200,12 +201,8 @@ def _autocast(spec: StepSpec, device: torch.device):
 
 
 def call_model(model: torch.nn.Module, batch: Any) -> Any:
-    """`model(batch)` for a tensor, `model(*batch)` for a tuple/list, `model(**batch)` for a dict."""
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
+    """Call the model by the batch rule every tool uses (torch_skills.runner.usercode.split_batch)."""
+    return usercode.call_model(model, batch)
 
 
 # -- optimizer --------------------------------------------------------------------------------

@@ -33,10 +33,12 @@ from torch_skills.memory.models import (
 from torch_skills.memory.overheads import local_gpu_is_hopper
 from torch_skills.memory.search import BatchSearch, max_batch_size
 from torch_skills.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
+from torch_skills.results import BatchRule
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     compute_loss,
+    describe_rule,
     load_callable,
     make_batch,
     resolve_device,
@@ -119,9 +121,11 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
             search = max_batch_size(runner, est, capacity_bytes=capacity)
 
     job.progress(3, 4, "writing the result")
-    return _result(
+    result = _result(
         request, trace, est, single, method, detail, failure, device, capacity, search, grad_accum_extra
     )
+    result.batch_rule = tracer.rule
+    return result
 
 
 # -- tracing the user's code ------------------------------------------------------------------
@@ -133,15 +137,24 @@ class _Tracer:
     ):
         self.request, self.job, self.spec, self.device = request, job, spec, device
         self.probe_scratch = probe_scratch
+        self.model: torch.nn.Module | None = None  # the last model built (the batch rule reads its forward)
+        self.rule: BatchRule | None = None  # how the last batch was fed and the loss taken
 
     def build(self) -> torch.nn.Module:
-        return build_model(self.request, self.job.cwd, self.job.allowed_roots, to_device=False)
+        self.model = build_model(self.request, self.job.cwd, self.job.allowed_roots, to_device=False)
+        return self.model
 
     def batch(self, batch_size: int | None):
-        return make_batch(self.request, self.job.cwd, self.job.allowed_roots, None, batch_size=batch_size)
+        batch = make_batch(self.request, self.job.cwd, self.job.allowed_roots, None, batch_size=batch_size)
+        self.rule = describe_rule(self.model, batch, None)
+        return batch
 
     def loss(self, output, batch) -> torch.Tensor:
-        return compute_loss(self.request, self.job.cwd, self.job.allowed_roots, output, batch)[0]
+        loss, how = compute_loss(
+            self.request, self.job.cwd, self.job.allowed_roots, output, batch, self.model
+        )
+        self.rule = describe_rule(self.model, batch, how)
+        return loss
 
     def batch_is_variable(self) -> bool:
         if self.request.inputs is None:

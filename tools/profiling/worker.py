@@ -259,6 +259,7 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
     peak = peak_flops(device_name, _peak_dtype(request.precision)) if m.on_gpu else None
     achieved = m.probe.flops / timing.median if timing.median > 0 else 0.0
     result = ProfileResult(
+        batch_rule=m.runner.batch_rule,
         device=f"cuda:{torch.cuda.current_device()}" if m.on_gpu else "cpu",
         device_name=device_name,
         cpu_load=max((x for x in m.cpu_loads if x is not None), default=None),
