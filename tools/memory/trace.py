@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from torch_skills.memory.construct import fake_safe_construction, fakeify_real_tensors
 from torch_skills.memory.ledger import StorageLedger
 from torch_skills.memory.modules import ModuleScope
 from torch_skills.memory.probes import KernelProbe
@@ -109,8 +110,13 @@ def trace_step(
     device = torch.device(device)
     outer = fake_mode() if fake else contextlib.nullcontext()
     with outer:
-        with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
+        with (
+            torch.device(device) if device.type != "cpu" else contextlib.nullcontext(),
+            fake_safe_construction() if fake else contextlib.nullcontext(),
+        ):
             model = build_model()
+        if fake:
+            fakeify_real_tensors(model, outer)
         convert_tensors(model, device, LOW_PRECISION.get(spec.precision))
         checkpointed = wrap_checkpointing(model, spec.checkpoint_classes)
         model.train(spec.mode == "train")
