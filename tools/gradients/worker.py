@@ -46,6 +46,7 @@ from torch_skills.gradients.models import (
 from torch_skills.gradients.probe import ForwardProbe
 from torch_skills.gradients.tensors import dtype_name, is_finite, kind_of, tensors_in
 from torch_skills.gradients.trace import BackwardWatch, OpTracer, graph_nodes
+from torch_skills.gradients.zeroinit import zero_init_gated
 from torch_skills.runner.child import JobContext
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
@@ -150,6 +151,13 @@ def examine(
     result.activations = probe.activation_stats()
     if result.loss.requires_grad:
         result.graph_breaks = analysis.graph_breaks(model, result.parameters, probe.activity)
+    finite_grads = not any("nonfinite_grad" in p.flags for p in result.parameters)
+    if known is None and output_finite and result.loss.finite and finite_grads:
+        gated = set(zero_init_gated(step, result.parameters))
+        for p in result.parameters:
+            if p.name in gated:
+                p.flags = ["zero_init_gated" if f == "zero_grad" else f for f in p.flags]
+        result.zero_init_gated = [p.name for p in result.parameters if p.name in gated]
 
     grads_finite = not any("nonfinite_grad" in p.flags for p in result.parameters)
     need_values = known is None and not (output_finite and result.loss.finite)
