@@ -89,6 +89,15 @@ def format_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
+def format_number(x: float, digits: int = 3) -> str:
+    """Significant digits, never rounded to nothing: 0.0123 -> '0.0123', 4.56 -> '4.56', 12345.6 -> '12,346'."""
+    if x == 0 or not (abs(x) < float("inf")):
+        return f"{x:g}"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
 def format_flops(f: float) -> str:
     """`format_flops(2.5e12)` -> '2.50 TFLOP'."""
     for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):

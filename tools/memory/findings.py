@@ -144,14 +144,27 @@ def memory_findings(f: Facts) -> list[Finding]:
                     severity="info",
                     code="optimizer_state_large",
                     message=(
-                        f"Optimizer state and gradients are {state_share:.0%} of the peak: a fused optimizer "
-                        "(fused=True) avoids foreach temporaries, an 8-bit optimizer shrinks Adam's state 4x, "
+                        f"Optimizer state and gradients are {state_share:.0%} of the peak: "
+                        + (
+                            "a fused optimizer (fused=True) avoids foreach temporaries, "
+                            if r.target_device == "cuda"
+                            else ""
+                        )
+                        + "an 8-bit optimizer shrinks Adam's state 4x, "
                         "and SGD with momentum keeps one state tensor instead of two."
                     ),
                     skill="mixed-precision-and-optimization",
                 )
             )
-    if f.phase == "optimizer_step" and share["temporaries"] >= SPIKE_SHARE and r.optimizer != "none":
+    # foreach is CUDA's default implementation; a CPU step updates parameter by parameter, so the
+    # advice (and the cause it names) only holds for a CUDA target.
+    cuda_target = r.target_device == "cuda"
+    if (
+        cuda_target
+        and f.phase == "optimizer_step"
+        and share["temporaries"] >= SPIKE_SHARE
+        and r.optimizer != "none"
+    ):
         out.append(
             Finding(
                 severity="info",

@@ -206,12 +206,25 @@ class Evidence(BaseModel):
     meaning: str
 
 
+class LoaderInfo(BaseModel):
+    """The user's loader as configured (read from a torch DataLoader's attributes; None where unknown)."""
+
+    type: str = Field(description="class of the iterable data= returned, e.g. 'DataLoader'")
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+
+
 class ProfileResult(BaseModel):
     """Where a step's time goes, what bounds it, and which skill fixes it."""
 
     run: RunInfo | None = None
     batch_rule: BatchRule | None = Field(
         default=None, description="how the batch was fed and where the loss came from"
+    )
+    loader: LoaderInfo | None = Field(
+        default=None, description="the data= loader's settings, when data is given"
     )
     device: str = Field(description="'cpu' or 'cuda:N'")
     device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
