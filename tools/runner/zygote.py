@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from torch_skills.runner import protocol
+from torch_skills.runner import libraries, protocol
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -78,6 +78,7 @@ class Zygote:
         self.by_pid: dict[int, _Job] = {}
         self._stdin_buf = b""
         self._last_watch = 0.0
+        self.to_preload: list[str] = []  # libraries the children imported, imported here when idle
 
     def send(self, message: dict) -> None:
         data = protocol.encode(message)
@@ -90,6 +91,8 @@ class Zygote:
         op = message.get("op")
         if op == "run":
             self.start(message)
+        elif op == "preload":
+            self.to_preload += [str(m) for m in message.get("modules", [])][: libraries.MAX_MODULES]
         elif op == "kill":
             job = self.jobs.get(message.get("job", ""))
             if job is not None:
@@ -209,6 +212,16 @@ class Zygote:
                             self.drain(job)
             self.reap()
             self.watch_memory()
+            if self.to_preload and not self.jobs:
+                self.preload_libraries()
+
+    def preload_libraries(self) -> None:
+        """Import what the last children imported, so the next ones start with it; exit if fork got unsafe."""
+        names, self.to_preload = self.to_preload, []
+        problem = libraries.import_all(names)
+        if problem is not None:  # a thread now runs here: forking is unsafe, so start over without it
+            self.send({"event": "preload_unsafe", "library": names[0].split(".")[0], "reason": problem})
+            self.shutdown()
 
 
 # The oldest torch the tools work with (FakeTensorMode, FlopCounterMode, torch.amp); as pyproject.
