@@ -15,14 +15,15 @@ For each model of evals/models/zoo.py it measures, in this one process:
   2. each tool's wall time through the MCP server (in-memory client, the real worker pool):
      check_gradients, estimate_memory (target_device='cpu'), profile_model (1 warm-up and 3 timed
      steps) and verify_checkpoint with load_and_run on a checkpoint saved from the model; the
-     ratio to the hand-run step, against the goal of <= 3x;
+     ratio to the hand-run step, against the goal of <= 3x. These are steady-state calls: the
+     model's first call ("1st call", printed apart) imports its libraries in the worker child,
+     after which the warm worker holds them (torch_skills.runner.libraries);
   3. estimate_memory's peak against the measured CPU peak of three real steps
      (torch_skills.memory.groundtruth: the allocator's live bytes from the profiler's events),
      against the goal of <= 2% off.
 
 Known limitations: the machine is shared, so absolute times move with its load (the table says
-how loaded it was); the ratios are measured side by side. The tools' times include the
-worker child's import of transformers, which the hand-run step (same process) does not pay.
+how loaded it was); the ratios are measured side by side.
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ async def tool_times(names: list[str], folder: Path) -> dict[str, dict[str, obje
                 },
             }
             row: dict[str, object] = {}
+            started = time.perf_counter()  # the first call imports the model's libraries in the child...
+            await client.call_tool("check_gradients", common)
+            row["first_call"] = time.perf_counter() - started
+            await client.call_tool("check_gradients", common)  # ...which the warm worker then imports once
             for tool, arguments in calls.items():
                 started = time.perf_counter()
                 result = await client.call_tool(tool, arguments)
@@ -171,7 +176,7 @@ def main() -> int:
         f"(shared machine: absolute times move with other work). import transformers: {import_s:.2f} s.\n"
     )
     tool_names = ["check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"]
-    head = f"{'model':10s} {'by hand':>8s} " + " ".join(f"{t:>22s}" for t in tool_names)
+    head = f"{'model':10s} {'by hand':>8s} {'1st call':>9s} " + " ".join(f"{t:>22s}" for t in tool_names)
     head += f" {'measured MiB':>13s} {'estimate MiB':>13s} {'error':>7s}"
     print(head)
     worst_ratio, errors, failures = 0.0, [], []
@@ -190,7 +195,7 @@ def main() -> int:
         error = (estimate - peaks[n]) / peaks[n] if peaks[n] else 0.0
         errors.append(abs(error))
         print(
-            f"{n:10s} {hand[n]:7.2f}s "
+            f"{n:10s} {hand[n]:7.2f}s {float(row['first_call']):8.2f}s "
             + " ".join(cells)
             + f" {peaks[n] / 2**20:13.2f} {estimate / 2**20:13.2f} "
             f"{error:+7.2%} {row.get('method', '')}"
