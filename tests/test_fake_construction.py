@@ -55,6 +55,18 @@ def test_the_guard_restores_trunc_normal_and_real_init_is_unchanged():
     assert float(t.abs().max()) <= 0.5
 
 
+def test_a_fake_build_leaves_the_random_generator_as_it_was():
+    """Small factories run for real draw random numbers; the guard puts the generator back."""
+    from tests.fixtures.constructor_models import DropPathStack
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with fake_mode(), fake_safe_construction():
+        DropPathStack()
+    assert torch.equal(torch.rand(3), expected)
+
+
 @pytest.mark.parametrize("model", ["drop_path_stack", "trunc_init"])
 def test_constructors_that_read_small_tensors_or_use_trunc_normal_are_traced(job, model):
     """timm-style drop-path rates and ViT-style trunc_normal_ init: traced, no fallback finding."""

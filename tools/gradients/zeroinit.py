@@ -11,7 +11,7 @@ yet the gain itself gets one, so the first optimizer step opens the branch. This
 that claim instead of assuming it: it moves every exactly-zero parameter that has a non-zero
 gradient by one small sign-SGD step, runs forward and backward again, and returns the
 zero-gradient parameters that now get a gradient. The model's parameters, buffers and
-gradients are restored afterwards, whatever happens.
+gradients, and the CPU random generator, are restored afterwards, whatever happens.
 
 Known limitations: one extra forward and backward, run only when a zero-gradient parameter and
 an exactly-zero parameter with a gradient are both present.
@@ -39,6 +39,7 @@ def zero_init_gated(step: Any, params: list[ParameterGradient]) -> list[str]:
     named = dict(model.named_parameters())
     saved_grads = {name: p.grad for name, p in named.items()}
     saved_buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    rng = torch.random.get_rng_state()
     try:
         with torch.no_grad():
             for name in gains:
@@ -62,3 +63,4 @@ def zero_init_gated(step: Any, params: list[ParameterGradient]) -> list[str]:
                 buffer.copy_(value)
         for name, p in named.items():
             p.grad = saved_grads[name]
+        torch.random.set_rng_state(rng)

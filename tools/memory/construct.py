@@ -128,16 +128,20 @@ def _fake_safe_trunc_normal(original):
 
 @contextlib.contextmanager
 def fake_safe_construction() -> Iterator[None]:
-    """Small factories run for real and trunc_normal_ is fake-safe while the block runs (restored after)."""
+    """Small factories run for real and trunc_normal_ is fake-safe while the block runs.
+
+    Both are restored afterwards, and so is the CPU random generator the real factories drew from."""
     import torch.nn.init as init
 
     original = init._no_grad_trunc_normal_
+    rng = torch.random.get_rng_state()  # small real factories draw from it; a fake build must not
     init._no_grad_trunc_normal_ = _fake_safe_trunc_normal(original)
     try:
         with _SmallConstantsReal():
             yield
     finally:
         init._no_grad_trunc_normal_ = original
+        torch.random.set_rng_state(rng)
 
 
 def fakeify_real_tensors(model: torch.nn.Module, mode: Any) -> None:
