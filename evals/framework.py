@@ -18,6 +18,7 @@ values from the tool's code.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,6 +45,12 @@ class Scenario:
     expect_error: str | None = None  # a substring the tool error must contain, when the call must fail
     description: str = ""
     slow: bool = False
+    requires: tuple[
+        str, ...
+    ] = ()  # importable modules (an optional extra); skipped with a reason without them
+    prepare: Callable[[], object] | None = (
+        None  # run once before the call (e.g. write the checkpoint it reads)
+    )
 
 
 _MISSING = object()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import time
 
@@ -23,9 +24,22 @@ def _all_scenarios() -> list[Scenario]:
 SCENARIOS = _all_scenarios()
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{s.tool}:{s.id}")
+def _missing(scenario: Scenario) -> list[str]:
+    return [name for name in scenario.requires if importlib.util.find_spec(name) is None]
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [pytest.param(s, marks=[pytest.mark.slow] if s.slow else []) for s in SCENARIOS],
+    ids=lambda s: f"{s.tool}:{s.id}",
+)
 async def test_the_tool_diagnoses_the_scenario(client: Client, scenario: Scenario):
     """The tool's structured result says what the scenario expects (or fails with the expected error)."""
+    missing = _missing(scenario)
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install -e '.[zoo]'")
+    if scenario.prepare is not None:
+        scenario.prepare()
     started = time.perf_counter()
     result = await client.call_tool(scenario.tool, scenario.arguments)
     seconds = time.perf_counter() - started

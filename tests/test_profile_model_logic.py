@@ -325,8 +325,8 @@ def test_batch_input_first_feeds_inputs_and_the_loss_sees_targets(job):
 
 
 def test_batch_input_first_on_a_tensor_batch_says_what_to_use(job):
-    """A plain tensor batch has no first item to pick: the message names batch_input='whole'."""
-    with pytest.raises(UserCodeError, match="batch_input='whole'"):
+    """A plain tensor batch has no first item to pick: the message names batch_input='auto'."""
+    with pytest.raises(UserCodeError, match="batch_input='auto'"):
         run(request(f"{FIXTURE_MODELS}:bias_free_linear", input_shape=[8, 64], batch_input="first"), job)
 
 

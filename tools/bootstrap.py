@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -43,9 +44,17 @@ def import_package() -> ModuleType:
     return package
 
 
+# Folders (os.pathsep-separated) appended to sys.path when run as a script: the server's copies
+# of the worker's few dependencies when the worker runs under the user's interpreter. Appended,
+# never prepended, so the user's own copies win (torch_skills.runner.interpreter).
+WORKER_PATH_ENV = "TORCH_SKILLS_WORKER_PATH"
+
+
 def _run_module_main(argv: list[str]) -> int:
     own_dirs = {str(PACKAGE_DIR), str(Path(__file__).parent)}
     sys.path[:] = [p for p in sys.path if p not in own_dirs]
+    extra = [p for p in os.environ.get(WORKER_PATH_ENV, "").split(os.pathsep) if p]
+    sys.path.extend(p for p in extra if p not in sys.path)
     import_package()
     module = importlib.import_module(f"{PACKAGE}.{argv[0]}")
     sys.argv = [f"{PACKAGE}.{argv[0]}", *argv[1:]]

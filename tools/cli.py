@@ -38,6 +38,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--memory-limit-gib", type=float, default=None, help="default RAM cap per tool run")
     p.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="interpreter (or environment folder) the user's code runs under; default: VIRTUAL_ENV, "
+        "a .venv/venv in the working directory or an --allow folder, CONDA_PREFIX, else this one",
+    )
+    p.add_argument(
         "--no-prewarm", action="store_true", help="start the torch worker on the first call instead"
     )
     p.add_argument("--check", action="store_true", help="validate the skills and exit (non-zero on problems)")
@@ -70,15 +77,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torch_skills.examples.demo import run_demo
 
         return run_demo()
+    from torch_skills.runner.interpreter import InterpreterError
     from torch_skills.server import build_server
 
-    server = build_server(
-        skills_dir,
-        allow=[Path(a) for a in args.allow],
-        max_jobs=args.max_jobs,
-        prewarm=not args.no_prewarm,
-        memory_limit_gib=args.memory_limit_gib,
-    )
+    try:
+        server = build_server(
+            skills_dir,
+            allow=[Path(a) for a in args.allow],
+            max_jobs=args.max_jobs,
+            prewarm=not args.no_prewarm,
+            memory_limit_gib=args.memory_limit_gib,
+            python=args.python,
+        )
+    except InterpreterError as e:
+        sys.stderr.write(f"torch-skills: {e}\n")
+        return 2
     if args.transport == "http":
         server.run("streamable-http", host=args.host, port=args.port)
     else:

@@ -36,11 +36,29 @@ class Finding(BaseModel):
     skill: SkillName | None = Field(default=None, description="the skill to read next for the fix")
 
 
+class BatchRule(BaseModel):
+    """How the tool fed the batch to the model and where the loss came from (one rule for every tool)."""
+
+    batch: Literal["tensor", "positional", "inputs_target", "dict", "other"] = Field(
+        description="tensor: model(x); positional: model(*batch); inputs_target: the last element of a "
+        "tuple the forward cannot take is the target; dict: model(**batch)"
+    )
+    call: str = Field(description="the call made, e.g. 'model(batch[0]), target batch[-1]'")
+    loss: str | None = Field(
+        default=None,
+        description="where the loss came from: the user's loss, output.loss (the model's own), a "
+        "target-aware default (cross-entropy, MSE) or the mean of the output; None when no loss is taken",
+    )
+
+
 class RunInfo(BaseModel):
     """How the user's code was run: where, how long, and what it printed."""
 
     device: str = Field(description="device the code ran on, e.g. 'cpu' or 'cuda:0'")
     torch_version: str
+    python: str = Field(
+        default="", description="the interpreter that ran the code (--python, or found in the project)"
+    )
     wall_time_s: float = Field(description="seconds from fork to result inside the worker")
     output: str = Field(
         default="", description="what the user's code printed (stdout and stderr), head and tail"
@@ -69,6 +87,15 @@ def format_seconds(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.1f} ms"
     return f"{s * 1e6:.1f} us"
+
+
+def format_number(x: float, digits: int = 3) -> str:
+    """Significant digits, never rounded to nothing: 0.0123 -> '0.0123', 4.56 -> '4.56', 12345.6 -> '12,346'."""
+    if x == 0 or not (abs(x) < float("inf")):
+        return f"{x:g}"
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
 
 
 def format_flops(f: float) -> str:

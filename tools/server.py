@@ -36,6 +36,7 @@ from torch_skills.heartbeat import DEFAULT_INTERVAL_S as DEFAULT_HEARTBEAT_S
 from torch_skills.memory.models import EstimateMemoryRequest, EstimateMemoryResult
 from torch_skills.profiling.models import ProfileRequest, ProfileResult
 from torch_skills.roots import AllowedRoots
+from torch_skills.runner.interpreter import find_interpreter
 from torch_skills.runner.pool import WorkerPool, default_memory_limit_bytes
 from torch_skills.skillpack.loader import (
     DEFAULT_SKILLS_DIR,
@@ -211,21 +212,32 @@ def build_server(
     memory_limit_gib: float | None = None,
     heartbeat_s: float | None = None,
     torch_tools: Sequence[TorchTool] | None = None,
+    python: str | None = None,
 ) -> MCPServer:
     """The configured MCPServer. Tests use `Client(build_server())`; `main()` runs it.
 
     `heartbeat_s`: the longest a torch-tool call goes without a progress notification (default:
     the TORCH_SKILLS_HEARTBEAT_S environment variable, else 5 s). `torch_tools`: the tools that
-    run user code (default `TORCH_TOOLS`; tests add their own).
+    run user code (default `TORCH_TOOLS`; tests add their own). `python` is the interpreter the
+    user's code runs under (a path, or an environment folder); None finds it from VIRTUAL_ENV, a
+    .venv/venv in the working directory or an --allow root, or CONDA_PREFIX, else the server's own
+    (torch_skills.runner.interpreter). A bad path raises InterpreterError.
     """
     heartbeat = heartbeat_s if heartbeat_s is not None else _heartbeat_from_env()
     pack = SkillPack.load(skills_dir)
     roots = AllowedRoots(Path.cwd(), tuple(Path(p) for p in allow))
+    worker_python = find_interpreter(python, project_dirs=roots.all)
+    log.info("user code runs under %s", worker_python.describe())
     memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[ServerState]:
-        async with WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD) as pool:
+        async with WorkerPool(
+            max_concurrent=max_jobs,
+            preload=WORKER_PRELOAD,
+            python=str(worker_python.executable),
+            python_source=worker_python.source,
+        ) as pool:
             if prewarm:
                 pool.prewarm(delay_s=PREWARM_DELAY_S)
             yield ServerState(pack, roots, pool, memory_limit, heartbeat_s=heartbeat)

@@ -321,6 +321,7 @@ async def run_in_worker(
     result["run"] = {
         "device": job.device,
         "torch_version": job.torch_version,
+        "python": job.python,
         "wall_time_s": job.wall_time_s,
         "output": job.output,
         "output_bytes": job.output_bytes,

@@ -15,6 +15,14 @@ a LightningModule's own attribute (`model.`) prefixes everything too. The candid
 leading component) are each scored by how many renamed keys the model has; the best one is
 reported when it beats leaving the keys alone.
 
+Two rules of the loaders themselves come first (see torch_skills.checkpoint.modelkeys):
+- `library`: the key rename the model's library applies on load (Hugging Face `from_pretrained`:
+  its registered renames, gamma/beta, `base_model_prefix`), applied to every checkpoint key before
+  the wrapper renames are scored;
+- `tied`: model keys that share storage with another key. A missing key whose tied partner is in
+  the checkpoint is not missing (the one tensor is filled either way): it is listed in
+  `tied_missing`, and the fit holds.
+
 Known limitations: renames beyond these (a changed submodule name in the middle of keys) are
 reported as missing/unexpected pairs, not guessed.
 """
@@ -22,6 +30,7 @@ reported as missing/unexpected pairs, not guessed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WRAPPER_COMPONENTS = {
@@ -36,19 +45,33 @@ Entry = tuple[tuple[int, ...], str]  # (shape, dtype name)
 
 
 @dataclass(frozen=True)
+class LibraryRename:
+    """The key rename a model library applies when it loads a checkpoint (e.g. from_pretrained's)."""
+
+    name: str  # e.g. "transformers from_pretrained key renames"
+    rename: Callable[[str], str] = field(compare=False)
+
+
+@dataclass(frozen=True)
 class KeyFix:
-    """A rename of checkpoint keys: drop wrapper components, then strip and/or add a prefix."""
+    """A rename of checkpoint keys: the library's own rename, drop wrapper components, then strip and/or add a prefix."""
 
     remove_components: tuple[str, ...] = ()
     everywhere: bool = False  # drop them at any depth, not only in front
     strip_prefix: str = ""
     add_prefix: str = ""
+    library: LibraryRename | None = None  # applied first; the library's loader does it, not user code
 
     @property
     def is_identity(self) -> bool:
         return not (self.remove_components or self.strip_prefix or self.add_prefix)
 
     def apply(self, key: str) -> str:
+        if self.library is not None:
+            key = self.library.rename(key)
+        return self.wrapper_rename(key)
+
+    def wrapper_rename(self, key: str) -> str:
         if self.remove_components:
             parts = key.split(".")
             if self.everywhere:
@@ -70,6 +93,8 @@ class KeyFix:
             steps.append(f"strip the '{self.strip_prefix}' prefix")
         if self.add_prefix:
             steps.append(f"add the '{self.add_prefix}' prefix")
+        if self.library is not None:
+            steps.insert(0, f"the loader's own rename ({self.library.name})")
         return "; ".join(steps) or "no rename"
 
     def code(self) -> str:
@@ -121,6 +146,11 @@ class FitReport:
     shape_mismatches: list[ShapeMismatch] = field(default_factory=list)
     dtype_mismatches: list[ShapeMismatch] = field(default_factory=list)
     collisions: list[str] = field(default_factory=list)  # renamed keys two checkpoint keys map to
+    tied_missing: list[str] = field(
+        default_factory=list
+    )  # absent, but a key sharing their storage is present
+    library: str | None = None  # the library rename applied before the comparison, if any
+    library_renamed: int = 0  # checkpoint keys the library rename changed
 
     @property
     def fits(self) -> bool:
@@ -169,18 +199,34 @@ def _score(fix: KeyFix, ckpt_keys: list[str], model_keys: set[str]) -> int:
     return sum(1 for k in ckpt_keys if fix.apply(k) in model_keys)
 
 
-def compare_state_dicts(ckpt: dict[str, Entry], model: dict[str, Entry]) -> FitReport:
-    """Compare key sets, pick the best rename, then list what still differs."""
+def compare_state_dicts(
+    ckpt: dict[str, Entry],
+    model: dict[str, Entry],
+    *,
+    tied: dict[str, str] | None = None,
+    library: LibraryRename | None = None,
+) -> FitReport:
+    """Compare key sets, pick the best rename, then list what still differs (tied keys and the
+    library's own rename handled as its loader does; see the module docstring)."""
     ckpt_keys, model_key_list = list(ckpt), list(model)
     model_keys = set(model_key_list)
     identity = _score(KeyFix(), ckpt_keys, model_keys)
-    best, best_score = KeyFix(), identity
-    if identity < min(len(ckpt_keys), len(model_keys)):
-        for fix in candidate_fixes(ckpt_keys, model_key_list):
+    base = KeyFix(library=library)
+    library_renamed = sum(1 for k in ckpt_keys if base.apply(k) != k) if library is not None else 0
+    best, best_score = (
+        (base, _score(base, ckpt_keys, model_keys)) if library_renamed else (KeyFix(), identity)
+    )
+    if best_score < min(len(ckpt_keys), len(model_keys)):
+        library_keys = [base.apply(k) for k in ckpt_keys] if library_renamed else ckpt_keys
+        for fix in candidate_fixes(library_keys, model_key_list):
+            if library_renamed:
+                fix = KeyFix(fix.remove_components, fix.everywhere, fix.strip_prefix, fix.add_prefix, library)
             score = _score(fix, ckpt_keys, model_keys)
             if score > best_score:
                 best, best_score = fix, score
     report = FitReport(best, identity, best_score, len(ckpt_keys), len(model_keys))
+    if best.library is not None:
+        report.library, report.library_renamed = best.library.name, library_renamed
     renamed: dict[str, str] = {}
     for key in ckpt_keys:
         new = best.apply(key)
@@ -197,5 +243,11 @@ def compare_state_dicts(ckpt: dict[str, Entry], model: dict[str, Entry]) -> FitR
             report.shape_mismatches.append(entry)
         elif c_dtype != m_dtype:
             report.dtype_mismatches.append(entry)
-    report.missing = [k for k in model_key_list if k not in renamed]
+    missing = [k for k in model_key_list if k not in renamed]
+    groups: dict[str, set[str]] = {}
+    for key, first in (tied or {}).items():
+        groups.setdefault(first, {first}).add(key)
+    group_of = {k: g for g in groups.values() for k in g}
+    report.tied_missing = [k for k in missing if k in group_of and any(o in renamed for o in group_of[k])]
+    report.missing = [k for k in missing if k not in set(report.tied_missing)]
     return report

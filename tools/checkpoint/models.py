@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from torch_skills.results import Finding, RunInfo
+from torch_skills.results import BatchRule, Finding, RunInfo
 from torch_skills.userspec import CodeRef, ModelInputs
 
 CheckpointFormat = Literal[
@@ -235,6 +235,17 @@ class KeyMismatch(BaseModel):
     shape_mismatches: list[ShapeMismatchInfo]
     dtype_mismatches: list[ShapeMismatchInfo]
     fits: bool = Field(description="no missing, unexpected or shape-mismatched keys after the fix")
+    tied_missing: list[str] = Field(
+        default_factory=list,
+        description="model keys absent from the checkpoint whose storage is tied to a key it has (e.g. GPT-2 "
+        "lm_head.weight = transformer.wte.weight): loading fills them, so they do not count as missing",
+    )
+    library_rename: str | None = Field(
+        default=None,
+        description="the rename the model's library applies on load (e.g. transformers from_pretrained's), "
+        "applied before comparing",
+    )
+    library_renamed: int = Field(default=0, description="checkpoint keys that library rename changed")
 
 
 class LoadAndRun(BaseModel):
@@ -246,6 +257,7 @@ class LoadAndRun(BaseModel):
     output_shapes: list[list[int]]
     output_finite: bool | None
     mode: str = "eval"
+    batch_rule: BatchRule | None = Field(default=None, description="how the batch was fed to the forward")
 
 
 class VerifyCheckpointResult(BaseModel):

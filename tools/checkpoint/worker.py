@@ -21,6 +21,7 @@ from torch_skills.checkpoint.allowlist import Policy
 from torch_skills.checkpoint.contents import find_nonfinite, summarize_tensors
 from torch_skills.checkpoint.fit import FitReport, compare_state_dicts
 from torch_skills.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
+from torch_skills.checkpoint.modelkeys import model_keys
 from torch_skills.checkpoint.models import (
     FileInfo,
     FileProblem,
@@ -44,6 +45,7 @@ from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     call_model,
+    describe_rule,
     make_batch,
     resolve_device,
     to_device,
@@ -160,15 +162,6 @@ def _checkpoint_model_state(
     return role.key, dict(walk(value))
 
 
-def _model_entries(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
-    state = model.state_dict()
-    return {
-        k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
-        for k, v in state.items()
-        if isinstance(v, torch.Tensor)  # extra state (get_extra_state) is not a tensor
-    }
-
-
 def _key_mismatch(compared: str, report: FitReport, max_listed: int) -> KeyMismatch:
     fix = report.fix
     prefix = None
@@ -199,6 +192,9 @@ def _key_mismatch(compared: str, report: FitReport, max_listed: int) -> KeyMisma
         shape_mismatches=info(report.shape_mismatches),
         dtype_mismatches=info(report.dtype_mismatches),
         fits=report.fits,
+        tied_missing=report.tied_missing[:max_listed],
+        library_rename=report.library,
+        library_renamed=report.library_renamed,
     )
 
 
@@ -238,10 +234,20 @@ def _load_and_run(
         result.error = _error_text("reading the checkpoint's weights", e)
         return result
     try:
-        model.load_state_dict(renamed, strict=True)
+        if report.tied_missing:  # one tensor of each tied group is enough: load the rest non-strictly
+            result.strict = False
+            outcome = model.load_state_dict(renamed, strict=False)
+            left = sorted(set(outcome.missing_keys) - set(report.tied_missing)) + list(
+                outcome.unexpected_keys
+            )
+            if left:
+                raise RuntimeError(f"keys still missing or unexpected: {', '.join(left[:10])}")
+        else:
+            model.load_state_dict(renamed, strict=True)
         result.loaded = True
     except Exception as e:  # strict-load errors are the finding, not a tool failure
-        result.error = _error_text("model.load_state_dict(strict=True)", e)
+        how = "strict=False, tied keys excepted" if not result.strict else "strict=True"
+        result.error = _error_text(f"model.load_state_dict({how})", e)
         return result
     device = resolve_device(request.device)
     with user_code("moving the model to the device"):
@@ -254,6 +260,7 @@ def _load_and_run(
         result.error = _error_text("the forward pass", e)
         return result
     result.forward_ran = True
+    result.batch_rule = describe_rule(model, batch, None)
     tensors = [t for _, t in walk(output) if isinstance(t, torch.Tensor)]
     result.output_shapes = [list(t.shape) for t in tensors[:20]]
     floats = [t for t in tensors if t.is_floating_point() or t.is_complex()]
@@ -308,7 +315,8 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
                 info = leaf_info(v)
                 if info is not None:
                     shapes[k] = (info.shape, info.dtype)
-            report = compare_state_dicts(shapes, _model_entries(model))
+            keys = model_keys(model)
+            report = compare_state_dicts(shapes, keys.entries, tied=keys.tied, library=keys.library)
             key_mismatch = _key_mismatch(compared, report, request.max_listed)
             if request.load_and_run:
                 run_result = _load_and_run(request, job, model, entries, report)

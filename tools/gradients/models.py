@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from torch_skills.results import Finding, RunInfo
+from torch_skills.results import BatchRule, Finding, RunInfo
 from torch_skills.userspec import CodeRef, ModelInputs
 
 FINDING_CODES: dict[str, str] = {
@@ -126,7 +126,14 @@ class GradientRequest(ModelInputs):
 # ------------------------------------------------------------------------------------------------
 Phase = Literal["input", "parameters", "forward", "loss", "backward"]
 ParamFlag = Literal[
-    "frozen", "no_grad", "nonfinite_grad", "nonfinite_value", "zero_grad", "large_grad", "small_grad"
+    "frozen",
+    "no_grad",
+    "nonfinite_grad",
+    "nonfinite_value",
+    "zero_grad",
+    "zero_init_gated",
+    "large_grad",
+    "small_grad",
 ]
 
 
@@ -179,7 +186,8 @@ class ParameterGradient(BaseModel):
     flags: list[ParamFlag] = Field(
         default_factory=list,
         description="frozen: requires_grad=False; no_grad: requires grad but .grad is None; nonfinite_grad / "
-        "nonfinite_value: NaN/Inf in .grad / the weights; zero_grad: .grad is all zeros; large_grad / "
+        "nonfinite_value: NaN/Inf in .grad / the weights; zero_grad: .grad is all zeros; zero_init_gated: "
+        ".grad is all zeros only because a zero-initialized gain gates it (it gets gradient after one step); large_grad / "
         "small_grad: grad_norm beyond thresholds.exploding_grad_norm / below thresholds.small_grad_norm",
     )
 
@@ -297,6 +305,9 @@ class GradientResult(BaseModel):
     mode: Literal["model", "gradcheck"]
     target: str = Field(description="the model factory or function that was checked")
     loss: LossInfo | None = None
+    batch_rule: BatchRule | None = Field(
+        default=None, description="how the batch was fed and where the loss came from (model mode)"
+    )
     nonfinite: NonfiniteLocation | None = Field(
         default=None, description="None when every value and gradient was finite"
     )
@@ -309,6 +320,11 @@ class GradientResult(BaseModel):
         description="requires_grad=True but .grad is None after backward (DDP's 'did not receive grad' list)",
     )
     frozen_parameters: list[str] = Field(default_factory=list, description="requires_grad=False")
+    zero_init_gated: list[str] = Field(
+        default_factory=list,
+        description="parameters with an all-zero gradient at initialization by design: a gain initialized to "
+        "exactly zero (zero-init residual, layer scale) gates them, and one step on it gives them gradient",
+    )
     graph_breaks: list[GraphBreak] = Field(
         default_factory=list, description="why unused_parameters got no grad"
     )

@@ -46,12 +46,14 @@ from torch_skills.gradients.models import (
 from torch_skills.gradients.probe import ForwardProbe
 from torch_skills.gradients.tensors import dtype_name, is_finite, kind_of, tensors_in
 from torch_skills.gradients.trace import BackwardWatch, OpTracer, graph_nodes
+from torch_skills.gradients.zeroinit import zero_init_gated
 from torch_skills.runner.child import JobContext
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     call_model,
     compute_loss,
+    describe_rule,
     load_callable,
     make_batch,
     resolve_device,
@@ -104,7 +106,7 @@ def check_model(request: GradientRequest, job: JobContext) -> GradientResult:
     step = Step(
         model,
         batch,
-        lambda output: compute_loss(request, job.cwd, job.allowed_roots, output, batch),
+        lambda output: compute_loss(request, job.cwd, job.allowed_roots, output, batch, model),
         request.seed,
         job.cwd,
     )
@@ -130,6 +132,7 @@ def examine(
             output = call_model(model, step.batch)
         loss, how = step.loss_of(output)
     result.loss = _describe_loss(loss, how)
+    result.batch_rule = describe_rule(model, step.batch, how)
     if loss.requires_grad:
         result.custom_functions = _custom_functions(loss, step.cwd)
         with _timed(timings, "backward_s"), user_code("the backward pass"):
@@ -148,6 +151,13 @@ def examine(
     result.activations = probe.activation_stats()
     if result.loss.requires_grad:
         result.graph_breaks = analysis.graph_breaks(model, result.parameters, probe.activity)
+    finite_grads = not any("nonfinite_grad" in p.flags for p in result.parameters)
+    if known is None and output_finite and result.loss.finite and finite_grads:
+        gated = set(zero_init_gated(step, result.parameters))
+        for p in result.parameters:
+            if p.name in gated:
+                p.flags = ["zero_init_gated" if f == "zero_grad" else f for f in p.flags]
+        result.zero_init_gated = [p.name for p in result.parameters if p.name in gated]
 
     grads_finite = not any("nonfinite_grad" in p.flags for p in result.parameters)
     need_values = known is None and not (output_finite and result.loss.finite)

@@ -39,6 +39,21 @@ class Facts:
     kernels_not_probed: int
 
 
+def _trace_advice(failure: str) -> str:
+    """What to change so the next estimate is traced, by where tracing failed."""
+    if failure.startswith("the model factory"):
+        return (
+            "A constructor that reads values of a large tensor cannot be traced; compute such values with "
+            "Python numbers (or a small torch.linspace/arange) to get a traced estimate."
+        )
+    if "reads a tensor's value" in failure or "output shape depends" in failure:
+        return (
+            "Values read in forward (.item(), .tolist(), branching on a tensor) cannot be traced; move them out "
+            "of forward to get a traced estimate."
+        )
+    return "Fix the error above to get a traced estimate."
+
+
 def memory_findings(f: Facts) -> list[Finding]:
     r = f.request
     out: list[Finding] = []
@@ -52,9 +67,8 @@ def memory_findings(f: Facts) -> list[Finding]:
                 severity="warning",
                 code="trace_failed_extrapolated",
                 message=(
-                    f"Tracing on fake tensors failed ({f.trace_failure}); the figures come from real runs on "
-                    f"{f.traced_on} ({f.method}). Data-dependent Python control flow (.item(), .tolist(), "
-                    "branching on tensor values) prevents tracing; keep it out of forward to get a traced estimate."
+                    f"Tracing on fake tensors failed: {f.trace_failure}. The figures come from real runs on "
+                    f"{f.traced_on} ({f.method}). {_trace_advice(f.trace_failure or '')}"
                 ),
                 skill="debugging-techniques",
             )
@@ -130,14 +144,27 @@ def memory_findings(f: Facts) -> list[Finding]:
                     severity="info",
                     code="optimizer_state_large",
                     message=(
-                        f"Optimizer state and gradients are {state_share:.0%} of the peak: a fused optimizer "
-                        "(fused=True) avoids foreach temporaries, an 8-bit optimizer shrinks Adam's state 4x, "
+                        f"Optimizer state and gradients are {state_share:.0%} of the peak: "
+                        + (
+                            "a fused optimizer (fused=True) avoids foreach temporaries, "
+                            if r.target_device == "cuda"
+                            else ""
+                        )
+                        + "an 8-bit optimizer shrinks Adam's state 4x, "
                         "and SGD with momentum keeps one state tensor instead of two."
                     ),
                     skill="mixed-precision-and-optimization",
                 )
             )
-    if f.phase == "optimizer_step" and share["temporaries"] >= SPIKE_SHARE and r.optimizer != "none":
+    # foreach is CUDA's default implementation; a CPU step updates parameter by parameter, so the
+    # advice (and the cause it names) only holds for a CUDA target.
+    cuda_target = r.target_device == "cuda"
+    if (
+        cuda_target
+        and f.phase == "optimizer_step"
+        and share["temporaries"] >= SPIKE_SHARE
+        and r.optimizer != "none"
+    ):
         out.append(
             Finding(
                 severity="info",

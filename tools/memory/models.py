@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from torch_skills.results import Finding, RunInfo
+from torch_skills.results import BatchRule, Finding, RunInfo
 from torch_skills.userspec import Mode, ModelInputs, Precision
 
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "none"]
@@ -111,6 +111,9 @@ class TracedBatch(BaseModel):
 
 class EstimateMemoryResult(BaseModel):
     run: RunInfo | None = None
+    batch_rule: BatchRule | None = Field(
+        default=None, description="how the batch was fed and where the loss came from"
+    )
     method: Method = Field(
         description="traced: one fake step; extrapolated: real runs at small batches, linear; measured: one real run"
     )

@@ -38,9 +38,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from torch_skills.memory.construct import fake_safe_construction, fakeify_real_tensors
 from torch_skills.memory.ledger import StorageLedger
 from torch_skills.memory.modules import ModuleScope
 from torch_skills.memory.probes import KernelProbe
+from torch_skills.runner import usercode
 
 OUTSIDE_MODULES = "(outside any module: loss, functional code)"
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -108,8 +110,13 @@ def trace_step(
     device = torch.device(device)
     outer = fake_mode() if fake else contextlib.nullcontext()
     with outer:
-        with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
+        with (
+            torch.device(device) if device.type != "cpu" else contextlib.nullcontext(),
+            fake_safe_construction() if fake else contextlib.nullcontext(),
+        ):
             model = build_model()
+        if fake:
+            fakeify_real_tensors(model, outer)
         convert_tensors(model, device, LOW_PRECISION.get(spec.precision))
         checkpointed = wrap_checkpointing(model, spec.checkpoint_classes)
         model.train(spec.mode == "train")
@@ -200,12 +207,8 @@ def _autocast(spec: StepSpec, device: torch.device):
 
 
 def call_model(model: torch.nn.Module, batch: Any) -> Any:
-    """`model(batch)` for a tensor, `model(*batch)` for a tuple/list, `model(**batch)` for a dict."""
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
+    """Call the model by the batch rule every tool uses (torch_skills.runner.usercode.split_batch)."""
+    return usercode.call_model(model, batch)
 
 
 # -- optimizer --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from torch_skills.memory.construct import describe_trace_failure, fake_safe_construction
 from torch_skills.memory.estimate import Estimate, Target, estimate_trace, extrapolate
 from torch_skills.memory.findings import Facts, memory_findings, memory_summary
 from torch_skills.memory.models import (
@@ -33,10 +34,12 @@ from torch_skills.memory.models import (
 from torch_skills.memory.overheads import local_gpu_is_hopper
 from torch_skills.memory.search import BatchSearch, max_batch_size
 from torch_skills.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
+from torch_skills.results import BatchRule
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     compute_loss,
+    describe_rule,
     load_callable,
     make_batch,
     resolve_device,
@@ -82,7 +85,7 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
     except UserCodeError as exc:
         if exc.kind == "bad_request":
             raise
-        failure, trace = _first_line(exc.message), None
+        failure, trace = describe_trace_failure(exc, _failed_phase(exc)), None
     if trace is not None:
         est = estimate_trace(trace, target)
         runner = lambda b: estimate_trace(tracer.trace(b), target)  # noqa: E731 - one more trace per batch size
@@ -119,9 +122,11 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
             search = max_batch_size(runner, est, capacity_bytes=capacity)
 
     job.progress(3, 4, "writing the result")
-    return _result(
+    result = _result(
         request, trace, est, single, method, detail, failure, device, capacity, search, grad_accum_extra
     )
+    result.batch_rule = tracer.rule
+    return result
 
 
 # -- tracing the user's code ------------------------------------------------------------------
@@ -133,15 +138,24 @@ class _Tracer:
     ):
         self.request, self.job, self.spec, self.device = request, job, spec, device
         self.probe_scratch = probe_scratch
+        self.model: torch.nn.Module | None = None  # the last model built (the batch rule reads its forward)
+        self.rule: BatchRule | None = None  # how the last batch was fed and the loss taken
 
     def build(self) -> torch.nn.Module:
-        return build_model(self.request, self.job.cwd, self.job.allowed_roots, to_device=False)
+        self.model = build_model(self.request, self.job.cwd, self.job.allowed_roots, to_device=False)
+        return self.model
 
     def batch(self, batch_size: int | None):
-        return make_batch(self.request, self.job.cwd, self.job.allowed_roots, None, batch_size=batch_size)
+        batch = make_batch(self.request, self.job.cwd, self.job.allowed_roots, None, batch_size=batch_size)
+        self.rule = describe_rule(self.model, batch, None)
+        return batch
 
     def loss(self, output, batch) -> torch.Tensor:
-        return compute_loss(self.request, self.job.cwd, self.job.allowed_roots, output, batch)[0]
+        loss, how = compute_loss(
+            self.request, self.job.cwd, self.job.allowed_roots, output, batch, self.model
+        )
+        self.rule = describe_rule(self.model, batch, how)
+        return loss
 
     def batch_is_variable(self) -> bool:
         if self.request.inputs is None:
@@ -195,13 +209,38 @@ def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool
     return large, est, "extrapolated", detail, runner
 
 
-def _check_room_for_real_runs(tracer: _Tracer, failure: str | None) -> None:
-    """Refuse real runs that would not fit in this process's memory; size the model on fake tensors."""
+def _failed_phase(exc: UserCodeError) -> str:
+    for prefix, phase in (
+        ("calling the model factory", "the model factory"),
+        ("calling the inputs function", "the inputs function"),
+        ("calling the loss function", "the loss function"),
+    ):
+        if exc.message.startswith(prefix):
+            return phase
+    return "the step (forward, loss or backward)"
+
+
+def model_parameter_bytes(tracer: _Tracer) -> int | None:
+    """Parameter bytes of the user's model without allocating it: fake tensors, else the meta device.
+
+    Both constructions run under fake_safe_construction; None only when the factory fails both ways."""
     try:
-        with fake_mode():
+        mode = fake_mode()
+        with mode, fake_safe_construction():
             model = tracer.build()
-        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    except Exception:  # the factory itself does not trace: the real run will tell
+    except Exception:
+        try:
+            with torch.device("meta"), fake_safe_construction():
+                model = tracer.build()
+        except Exception:
+            return None
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _check_room_for_real_runs(tracer: _Tracer, failure: str | None) -> None:
+    """Refuse real runs that would not fit in this process's memory (always runs before a real step)."""
+    param_bytes = model_parameter_bytes(tracer)
+    if param_bytes is None:  # the child's memory limit (RLIMIT_AS on CPU, the watchdog on CUDA) still holds
         return
     need = param_bytes * (4 if tracer.request.mode == "train" else 1) + (1 << 30)
     room = _memory_room_bytes()
@@ -209,8 +248,9 @@ def _check_room_for_real_runs(tracer: _Tracer, failure: str | None) -> None:
         raise UserCodeError(
             "user_exception",
             f"tracing the step on fake tensors failed ({failure}), and the model ({param_bytes / 2**30:.1f} GiB of "
-            f"parameters) is too large to measure for real here ({room / 2**30:.1f} GiB available). Remove "
-            "data-dependent Python control flow (.item(), .tolist(), `if tensor:`) from forward so it can be traced.",
+            f"parameters) is too large to measure for real here ({room / 2**30:.1f} GiB available). Make that "
+            "code traceable (no .item(), .tolist() or `if tensor:` on values computed from the model's tensors) "
+            "or run the estimate on a machine with more memory.",
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from torch_skills.profiling.models import ProfileResult
-from torch_skills.results import Finding, format_bytes, format_flops, format_seconds
+from torch_skills.results import Finding, format_bytes, format_flops, format_number, format_seconds
 
 SECONDARY_SHARE = 0.2  # a part of the step this large earns a finding even when it is not the bottleneck
 PROFILER_SKEW = 1.5  # above this slow-down, op shares under the profiler lean towards small ops
@@ -19,7 +19,40 @@ OVERSUBSCRIBED = 1.0  # more runnable processes than cores: threads wait for a c
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
+    """A share as a percentage with two significant digits below 10% (never a bare '0%' for a non-zero share)."""
+    if x is None:
+        return "n/a"
+    if 0 < abs(x) < 0.1:
+        return f"{format_number(x * 100, 2)}%"
+    return f"{x:.0%}"
+
+
+def _loader_advice(r: ProfileResult) -> str:
+    """Advice built from the loader's settings as measured, never suggesting what it already does."""
+    loader = r.loader
+    gpu = r.device.startswith("cuda")
+    if loader is None or loader.num_workers is None:
+        return (
+            "Time the loader alone (iterate it without the model) to see whether loading or the "
+            "per-sample work in __getitem__ is the cost, then move that work out of the step."
+        )
+    if loader.num_workers == 0:
+        extra = " and pin_memory=True" if gpu and not loader.pin_memory else ""
+        return (
+            f"It loads in the training process (num_workers=0): try num_workers > 0{extra}, and keep "
+            "per-sample work in __getitem__ light."
+        )
+    tips = []
+    if not loader.persistent_workers:
+        tips.append("persistent_workers=True (workers are restarted every epoch otherwise)")
+    if gpu and not loader.pin_memory:
+        tips.append("pin_memory=True")
+    more = f" Also set {' and '.join(tips)}." if tips else ""
+    return (
+        f"It already has num_workers={loader.num_workers}, so more processes are not the measured fix: "
+        "the per-sample work (__getitem__, transforms, collate) is; time the loader alone and make that "
+        f"work cheaper (pre-processed data, vectorized transforms, larger reads).{more}"
+    )
 
 
 def _bottleneck_finding(r: ProfileResult) -> Finding:
@@ -29,9 +62,8 @@ def _bottleneck_finding(r: ProfileResult) -> Finding:
         return Finding(
             severity="warning",
             code="data_bound",
-            message=f"The step waits on the data loader for {_pct(s.data_wait)} of its {step}. Give the "
-            "DataLoader num_workers > 0 (and persistent_workers=True, pin_memory=True on a GPU), move "
-            "per-sample work out of __getitem__, and check the loader alone runs faster than the step.",
+            message=f"The step waits on the data loader for {_pct(s.data_wait)} of its {step}. "
+            + _loader_advice(r),
             skill="performance-profiling",
         )
     if r.bottleneck == "cpu_overhead":
@@ -130,8 +162,7 @@ def findings_for(r: ProfileResult) -> list[Finding]:
             Finding(
                 severity="warning",
                 code="data_wait",
-                message=f"The loader still takes {_pct(s.data_wait)} of the step; more DataLoader "
-                "workers or prefetching would hide it.",
+                message=f"The loader still takes {_pct(s.data_wait)} of the step. " + _loader_advice(r),
                 skill="performance-profiling",
             )
         )
@@ -256,7 +287,7 @@ def _compile_findings(r: ProfileResult) -> list[Finding]:
 
 def summary_for(r: ProfileResult) -> str:
     """Two or three sentences a person reads first."""
-    rate = f", {r.throughput_samples_per_s:,.0f} samples/s" if r.throughput_samples_per_s else ""
+    rate = f", {format_number(r.throughput_samples_per_s)} samples/s" if r.throughput_samples_per_s else ""
     head = (
         f"{r.mode.capitalize()} step {format_seconds(r.step_time_s)} (IQR {format_seconds(r.step_time_iqr_s)}) "
         f"on {r.device_name} in {r.precision}{rate}."

@@ -11,11 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from torch_skills.results import Finding, RunInfo
+from torch_skills.results import BatchRule, Finding, RunInfo
 from torch_skills.userspec import CodeRef, Mode, ModelInputs, Precision
 
 Optimizer = Literal["adamw", "sgd"]
-BatchInput = Literal["whole", "first"]
+BatchInput = Literal["auto", "whole", "first"]
 Bottleneck = Literal["data_loading", "cpu_overhead", "compute", "memory_bandwidth", "unknown"]
 OpCategory = Literal[
     "matmul", "convolution", "attention", "elementwise", "normalization", "reduction",
@@ -33,9 +33,10 @@ class ProfileRequest(ModelInputs):
         "replaces inputs/input_shape and lets the tool measure the time spent waiting on data",
     )
     batch_input: BatchInput = Field(
-        default="whole",
-        description="'whole': feed each batch as inputs are fed (tensor -> model(x), tuple -> "
-        "model(*x), dict -> model(**x)); 'first': feed only batch[0], for (inputs, targets) pairs. "
+        default="auto",
+        description="'auto': the rule every tool uses (tensor -> model(x), dict -> model(**x), tuple -> "
+        "model(*x), or model(*x[:-1]) with x[-1] as the target when forward takes one argument fewer); "
+        "'whole': always model(*x) for a tuple; 'first': feed only batch[0]. "
         "The loss function always receives the whole batch.",
     )
     mode: Mode = Field(
@@ -205,10 +206,26 @@ class Evidence(BaseModel):
     meaning: str
 
 
+class LoaderInfo(BaseModel):
+    """The user's loader as configured (read from a torch DataLoader's attributes; None where unknown)."""
+
+    type: str = Field(description="class of the iterable data= returned, e.g. 'DataLoader'")
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+
+
 class ProfileResult(BaseModel):
     """Where a step's time goes, what bounds it, and which skill fixes it."""
 
     run: RunInfo | None = None
+    batch_rule: BatchRule | None = Field(
+        default=None, description="how the batch was fed and where the loss came from"
+    )
+    loader: LoaderInfo | None = Field(
+        default=None, description="the data= loader's settings, when data is given"
+    )
     device: str = Field(description="'cpu' or 'cuda:N'")
     device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
     cpu_load: float | None = Field(

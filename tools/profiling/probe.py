@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode
 
+from torch_skills.profiling.flops import flop_counter
 from torch_skills.profiling.models import HostSync
 from torch_skills.profiling.step import StepRunner, top_level_modules
 
@@ -233,7 +233,7 @@ def probe_step(runner: StepRunner) -> Probe:
         def __exit__(self, *exc):
             state.phase = self.previous
 
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter()
     counting = _CountingMode(state, on_gpu)
     hook_python = sys.getprofile() is None  # never displace a debugger's or profiler's hook
     try:

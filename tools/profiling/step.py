@@ -26,13 +26,16 @@ from typing import Any
 import torch
 
 from torch_skills.profiling.models import ProfileRequest
+from torch_skills.results import BatchRule
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     call_model,
-    default_loss,
+    describe_rule,
     load_callable,
     make_batch,
+    rule_loss,
+    split_batch,
     to_device,
     user_code,
 )
@@ -143,13 +146,15 @@ class BatchSource:
 class StepRunner:
     model: torch.nn.Module
     source: BatchSource
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    loss_fn: Callable[[Any, Any, Any], tuple[torch.Tensor, str]]
     train: bool
     optimizer: torch.optim.Optimizer | None
     scaler: torch.amp.GradScaler | None
     autocast_dtype: torch.dtype | None
     device: torch.device
-    feed_first: bool
+    batch_input: str  # "auto" | "whole" | "first" (ProfileRequest.batch_input)
+    loss_how: str | None = None  # where the last step's loss came from
+    batch_rule: BatchRule | None = None  # recorded on the first step (see rule())
 
     def with_model(self, model: torch.nn.Module) -> StepRunner:
         """The same step around another module holding the same parameters (e.g. torch.compile(model))."""
@@ -161,15 +166,37 @@ class StepRunner:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _model_input(self, batch: Any) -> Any:
-        if not self.feed_first:
+        if self.batch_input != "first":
             return batch
         if not isinstance(batch, (tuple, list)) or not batch:
             raise UserCodeError(
                 "bad_request",
                 f"batch_input='first' needs batches that are tuples or lists, got {type(batch).__name__}; "
-                "use batch_input='whole'",
+                "use batch_input='auto'",
             )
         return batch[0]
+
+    def _call(self, batch: Any) -> Any:
+        fed = self._model_input(batch)
+        if self.batch_input == "whole" and isinstance(fed, (tuple, list)):
+            return self.model(*fed)
+        return call_model(self.model, fed)
+
+    def target(self, batch: Any) -> Any:
+        """The batch's target under batch_input (None when the batch has none)."""
+        if self.batch_input == "first":
+            return batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
+        if self.batch_input == "whole":
+            return None
+        return split_batch(self.model, batch).target
+
+    def rule(self, batch: Any) -> BatchRule:
+        """The BatchRule result piece for this runner's batches."""
+        if self.batch_input == "auto":
+            return describe_rule(self.model, batch, self.loss_how)
+        call = "model(batch[0]), target batch[1]" if self.batch_input == "first" else "model(*batch)"
+        kind = "inputs_target" if self.batch_input == "first" else "positional"
+        return BatchRule(batch=kind, call=call, loss=self.loss_how)
 
     def step(self, phase: PhaseMarker = no_phase) -> float:
         """Run one step; return the seconds spent waiting on the loader."""
@@ -177,12 +204,16 @@ class StepRunner:
             batch, waited = self.source.next()
         if not self.train:
             with torch.inference_mode(), phase("forward"), self._autocast():
-                call_model(self.model, self._model_input(batch))
+                self._call(batch)
+            if self.batch_rule is None:
+                self.batch_rule = self.rule(batch)
             return waited
         with phase("forward"), self._autocast():
-            output = call_model(self.model, self._model_input(batch))
+            output = self._call(batch)
         with phase("loss"), self._autocast():
-            loss = self.loss_fn(output, batch)
+            loss, self.loss_how = self.loss_fn(output, batch, self.target(batch))
+        if self.batch_rule is None:
+            self.batch_rule = self.rule(batch)
         with phase("backward"):
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         with phase("optimizer"):
@@ -202,19 +233,21 @@ class StepRunner:
             return self.step(phase)
 
 
-def _make_loss(request: ProfileRequest, job) -> Callable[[Any, Any], torch.Tensor]:
+def _make_loss(request: ProfileRequest, job) -> Callable[[Any, Any, Any], tuple[torch.Tensor, str]]:
+    """loss(output, batch, target) -> (scalar, where it came from): the user's, else the batch rule's."""
     if request.loss is None:
-        return lambda output, _batch: default_loss(output)
+        return lambda output, _batch, target: rule_loss(output, target)
     fn = load_callable(request.loss, job.cwd, job.allowed_roots, "the loss function")
+    how = f"user loss {request.loss}"
 
-    def loss(output: Any, batch: Any) -> torch.Tensor:
+    def loss(output: Any, batch: Any, _target: Any) -> tuple[torch.Tensor, str]:
         value = fn(output, batch)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise UserCodeError(
                 "bad_request", f"{request.loss} returned {shape}; a loss function must return a scalar tensor"
             )
-        return value.reshape(())
+        return value.reshape(()), how
 
     return loss
 
@@ -268,5 +301,5 @@ def build_step(request: ProfileRequest, job, device: torch.device) -> StepRunner
         scaler=torch.amp.GradScaler(device.type) if train and request.precision == "fp16_autocast" else None,
         autocast_dtype=autocast,
         device=device,
-        feed_first=request.batch_input == "first",
+        batch_input=request.batch_input,
     )

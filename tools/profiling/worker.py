@@ -37,7 +37,14 @@ from torch_skills.profiling.calibrate import Calibration, calibrate
 from torch_skills.profiling.classify import SMALL_OP_FACTOR, StepEvidence, classify
 from torch_skills.profiling.compiled import compare_compiled
 from torch_skills.profiling.findings import findings_for, summary_for
-from torch_skills.profiling.models import CompileReport, ModuleTime, ProfileRequest, ProfileResult, StepTiming
+from torch_skills.profiling.models import (
+    CompileReport,
+    LoaderInfo,
+    ModuleTime,
+    ProfileRequest,
+    ProfileResult,
+    StepTiming,
+)
 from torch_skills.profiling.peaks import PeakDType, peak_flops
 from torch_skills.profiling.probe import Probe, probe_step
 from torch_skills.profiling.stats import summarize
@@ -234,6 +241,26 @@ def _modules(m: _Measured) -> list[ModuleTime]:
     return out
 
 
+def loader_info(iterable) -> LoaderInfo:
+    """What the loader says about itself (a DataLoader's worker and pinning settings)."""
+
+    def read(name: str, kind: type):
+        value = getattr(iterable, name, None)
+        return (
+            kind(value)
+            if isinstance(value, (int, bool)) and not (kind is int and isinstance(value, bool))
+            else None
+        )
+
+    return LoaderInfo(
+        type=type(iterable).__name__,
+        num_workers=read("num_workers", int),
+        pin_memory=read("pin_memory", bool),
+        persistent_workers=read("persistent_workers", bool),
+        prefetch_factor=read("prefetch_factor", int),
+    )
+
+
 def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
     timing = summarize(m.timed.times_s)
     profiled = summarize(m.trace.step_times_s)
@@ -259,6 +286,8 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
     peak = peak_flops(device_name, _peak_dtype(request.precision)) if m.on_gpu else None
     achieved = m.probe.flops / timing.median if timing.median > 0 else 0.0
     result = ProfileResult(
+        batch_rule=m.runner.batch_rule,
+        loader=loader_info(m.runner.source.iterable) if has_loader else None,
         device=f"cuda:{torch.cuda.current_device()}" if m.on_gpu else "cpu",
         device_name=device_name,
         cpu_load=max((x for x in m.cpu_loads if x is not None), default=None),

@@ -24,6 +24,7 @@ from typing import Any
 
 from torch_skills.runner import protocol
 from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.libraries import installed_imports
 
 
 class JobContext:
@@ -137,6 +138,7 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
     """Entry point after fork. Exits the process; never returns."""
     code = 0
     job_dir = Path(message["dir"])
+    before = set(sys.modules)  # what the warm worker had: the rest was imported for this call
     try:
         _isolate(write_fd)
         _limit_memory(int(message.get("memory_limit_bytes", 0)), device)
@@ -151,7 +153,12 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
         data = result.model_dump(mode="json") if hasattr(result, "model_dump") else result
         _write_json(
             job_dir / protocol.RESULT_FILE,
-            {"result": data, "wall_time_s": time.perf_counter() - ctx.started, "device": str(device)},
+            {
+                "result": data,
+                "wall_time_s": time.perf_counter() - ctx.started,
+                "device": str(device),
+                "libraries": installed_imports(before),
+            },
         )
     except BaseException as exc:  # noqa: BLE001 - every failure must become a message, not a dead child
         kind, text = _classify(exc)
@@ -160,7 +167,13 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
             if kind == "internal":
                 sys.stderr.write(tb)
             _write_json(
-                job_dir / protocol.ERROR_FILE, {"kind": kind, "message": text, "traceback": tb[-4000:]}
+                job_dir / protocol.ERROR_FILE,
+                {
+                    "kind": kind,
+                    "message": text,
+                    "traceback": tb[-4000:],
+                    "libraries": installed_imports(before),
+                },
             )
         except BaseException:  # noqa: BLE001
             code = 70

@@ -35,7 +35,7 @@ import anyio
 from anyio.abc import Process, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from torch_skills.runner import protocol
+from torch_skills.runner import interpreter, protocol
 from torch_skills.runner.errors import WorkerError
 
 # The worker is started through this file, so it imports the package the server runs from
@@ -66,6 +66,7 @@ class JobResult:
     output_bytes: int
     output_truncated: bool
     peak_rss_bytes: int
+    python: str = ""  # the interpreter that ran the code
 
 
 @dataclass
@@ -74,6 +75,7 @@ class _Pending:
     exited: anyio.Event = field(default_factory=anyio.Event)
     pid: int | None = None
     exit: dict[str, Any] | None = None
+    process: Any = None  # the warm worker the job was sent to
 
 
 class WorkerPool:
@@ -85,11 +87,16 @@ class WorkerPool:
         max_concurrent: int = 2,
         preload: tuple[str, ...] = (),
         python: str = sys.executable,
+        python_source: str = "the server's own",
         start_timeout_s: float = 120.0,
     ):
         self.max_concurrent = max_concurrent
         self.preload = preload
         self.python = python
+        self.python_source = python_source  # why this interpreter (for messages)
+        self._deps_dir: Path | None = None
+        self._preloaded: set[str] = set()  # libraries the warm worker was asked to import
+        self._unsafe_libraries: set[str] = set()  # top-level names whose import left a thread running
         self.start_timeout_s = start_timeout_s
         self._slots = anyio.Semaphore(max_concurrent)
         self._task_group: TaskGroup | None = None
@@ -117,6 +124,9 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop the warm worker; its children die with it (they are killed on its stdin EOF)."""
         process, self._process = self._process, None
+        deps_dir, self._deps_dir = self._deps_dir, None
+        if deps_dir is not None:
+            shutil.rmtree(deps_dir, ignore_errors=True)  # the running worker has its imports already
         if process is None:
             return
         with anyio.CancelScope(shield=True):
@@ -156,9 +166,15 @@ class WorkerPool:
                 raise RuntimeError("WorkerPool must be used as `async with WorkerPool() as pool:`")
             self._ready = anyio.Event()
             self._startup_error = None
+            self._preloaded = set()
             env = dict(os.environ)
             env["PYTHONUNBUFFERED"] = "1"
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+            env.pop(interpreter.WORKER_PATH_ENV, None)
+            if not interpreter.same_environment(self.python, sys.executable):
+                if self._deps_dir is None or not self._deps_dir.is_dir():
+                    self._deps_dir = interpreter.worker_dependency_dir()
+                env[interpreter.WORKER_PATH_ENV] = str(self._deps_dir)
             args = [self.python, str(BOOTSTRAP), "runner.zygote"]
             for module in self.preload:
                 args += ["--preload", module]
@@ -192,7 +208,18 @@ class WorkerPool:
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "ready":
-            self._info = {k: event[k] for k in ("torch", "cuda", "pid")}
+            self._info = {k: event.get(k) for k in ("torch", "cuda", "pid", "python", "python_version")}
+            self._ready.set()
+            return
+        if kind == "preload_unsafe":  # the worker exits next: the next call starts a fresh one
+            self._unsafe_libraries.add(str(event.get("library", "")))
+            self._process = None
+            return
+        if kind == "unusable":
+            self._startup_error = (
+                f"{event.get('message', 'the worker cannot run the tools')} "
+                f"(interpreter chosen: {self.python_source})"
+            )
             self._ready.set()
             return
         pending = self._pending.get(event.get("job", ""))
@@ -212,16 +239,18 @@ class WorkerPool:
                 with anyio.move_on_after(2):
                     await process.wait()
         code = process.returncode
-        if self._process is process:
+        current = self._process is process
+        if current:
             self._process = None
-        if not self._ready.is_set():
+        if current and not self._ready.is_set():
             self._startup_error = (
-                f"the torch worker exited while starting (exit code {code}); check that `python -c 'import torch'` "
-                "works in the server's environment"
+                f"the torch worker ({self.python}, {self.python_source}) exited while starting (exit code {code}); "
+                f"check that `{self.python} -c 'import torch'` works, or start the server with --python "
+                "pointing at the interpreter your project uses"
             )
             self._ready.set()
         for pending in self._pending.values():
-            if not pending.exited.is_set():
+            if pending.process is process and not pending.exited.is_set():
                 pending.exit = {"worker_died": True, "returncode": code}
                 pending.started.set()
                 pending.exited.set()
@@ -280,6 +309,22 @@ class WorkerPool:
             finally:
                 shutil.rmtree(job_dir, ignore_errors=True)
 
+    def _learn_libraries(self, names: Any) -> None:
+        """Ask the warm worker to import the installed libraries this call imported (runner.libraries)."""
+        if not isinstance(names, list):
+            return
+        new = [
+            str(n)
+            for n in names
+            if isinstance(n, str)
+            and n not in self._preloaded
+            and n.split(".")[0] not in self._unsafe_libraries
+        ]
+        if not new or self._task_group is None:
+            return
+        self._preloaded.update(new)
+        self._task_group.start_soon(self._send, {"op": "preload", "modules": new})
+
     async def _run_job(
         self,
         job_id: str,
@@ -288,7 +333,7 @@ class WorkerPool:
         timeout_s: float,
         on_progress: ProgressCallback | None,
     ) -> JobResult:
-        pending = self._pending[job_id] = _Pending()
+        pending = self._pending[job_id] = _Pending(process=self._process)
         stopped_for: str | None = None
         try:
             await self._send(message)
@@ -383,6 +428,7 @@ class WorkerPool:
         result_path, error_path = job_dir / protocol.RESULT_FILE, job_dir / protocol.ERROR_FILE
         if result_path.exists():
             data = json.loads(result_path.read_text())
+            self._learn_libraries(data.get("libraries"))
             return JobResult(
                 result=data["result"],
                 wall_time_s=float(data["wall_time_s"]),
@@ -392,9 +438,11 @@ class WorkerPool:
                 output_bytes=int(exit_info.get("output_bytes", 0)),
                 output_truncated=bool(exit_info.get("output_truncated", False)),
                 peak_rss_bytes=int(exit_info.get("peak_rss_bytes", 0)),
+                python=str(self._info.get("python") or self.python),
             )
         if error_path.exists():
             error = json.loads(error_path.read_text())
+            self._learn_libraries(error.get("libraries"))
             raise WorkerError(error["kind"], error["message"], output)
         sig = exit_info.get("signal")
         if sig is not None:

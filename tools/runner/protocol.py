@@ -3,11 +3,14 @@
 server -> worker:  {"op": "run", "job": id, "dir": job_dir, "fn": "pkg.mod:func", "cwd": ...,
                     "memory_limit_bytes": n, "device": "auto"|"cpu"|"cuda"}
                    {"op": "kill", "job": id}
+                   {"op": "preload", "modules": [names]}   (imported when no job runs; runner.libraries)
 worker -> server:  {"event": "ready", "pid": n, "torch": "2.13.0", "cuda": bool}
                    {"event": "started", "job": id, "pid": n}
                    {"event": "exited", "job": id, "returncode": n|null, "signal": n|null,
                     "killed_for": "memory"|"request"|null, "peak_rss_bytes": n,
                     "output": text, "output_bytes": n, "output_truncated": bool}
+                   {"event": "preload_unsafe", "library": name, "reason": text}  (then the worker exits)
+                   {"event": "unusable", "message": text, "python": path}  (instead of "ready")
 The request payload and the result travel as files in the job directory (names below), so the
 pipe never carries user-sized data.
 """

@@ -15,12 +15,14 @@ Every failure is a `UserCodeError` whose message names the file and the next ste
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import inspect
 import sys
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,13 +231,66 @@ def to_device(obj: Any, device: Any) -> Any:
     return obj
 
 
-def call_model(model: Any, batch: Any) -> Any:
-    """`model(batch)` for a tensor, `model(*batch)` for a tuple/list, `model(**batch)` for a dict."""
+# -- the batch rule: how a batch is fed to the model and what becomes the loss ------------------
+# One rule for every tool, as training loops have batches:
+#   tensor        -> model(x)
+#   dict          -> model(**batch)                       (Hugging Face: labels in it give output.loss)
+#   tuple / list  -> model(*batch) when forward takes that many positional arguments; one element
+#                    more than it can take is the target:  model(*batch[:-1]), target = batch[-1]
+# The default loss is, in order: the model's own loss (`output.loss`, output["loss"], or the one
+# scalar in a tuple output such as nanoGPT's (logits, loss)); a target-aware loss when the batch
+# has a target (cross-entropy for integer class targets, MSE for float targets of the output's
+# shape); else the mean of the output. Every tool reports the rule it applied (`BatchRule`).
+
+
+@dataclass
+class BatchSplit:
+    """A batch cut into what the model is called with and the target, with the rule's name."""
+
+    args: tuple
+    kwargs: dict
+    target: Any
+    kind: str  # "tensor" | "positional" | "inputs_target" | "dict" | "other"
+    call: str  # e.g. "model(*batch[:-1])"
+
+
+def _positional_capacity(model: Any) -> tuple[int, float]:
+    """(required, accepted) positional arguments of model.forward (accepted is inf with *args)."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper takes (*args, **kwargs)
+    forward = getattr(model, "forward", model)
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return 0, float("inf")
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return sum(p.default is p.empty for p in positional), float("inf")
+    return sum(p.default is p.empty for p in positional), len(positional)
+
+
+def split_batch(model: Any, batch: Any) -> BatchSplit:
+    """Apply the batch rule above to `batch` for `model`."""
     if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
+        return BatchSplit((), dict(batch), None, "dict", "model(**batch)")
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
+        _, accepted = _positional_capacity(model)
+        if len(batch) == accepted + 1 and len(batch) >= 2:
+            head = "batch[0]" if len(batch) == 2 else f"*batch[:{len(batch) - 1}]"
+            return BatchSplit(
+                tuple(batch[:-1]), {}, batch[-1], "inputs_target", f"model({head}), target batch[-1]"
+            )
+        return BatchSplit(tuple(batch), {}, None, "positional", "model(*batch)")
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return BatchSplit((batch,), {}, None, "tensor", "model(batch)")
+    return BatchSplit((batch,), {}, None, "other", f"model(batch) with a {type(batch).__name__}")
+
+
+def call_model(model: Any, batch: Any) -> Any:
+    """Call the model on a batch by the batch rule (see split_batch)."""
+    split = split_batch(model, batch)
+    return model(*split.args, **split.kwargs)
 
 
 def default_loss(output: Any):
@@ -261,18 +316,92 @@ def _flatten(obj: Any) -> list[Any]:
         return [x for v in obj for x in _flatten(v)]
     if hasattr(obj, "to_tuple"):  # Hugging Face ModelOutput
         return _flatten(obj.to_tuple())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [x for f in dataclasses.fields(obj) for x in _flatten(getattr(obj, f.name))]
     return [obj]
 
 
 DEFAULT_LOSS_DESCRIPTION = "mean of the output (sum of the means of every float tensor in it)"
 
 
-def compute_loss(spec: ModelInputs, cwd: Path, roots: list[Path], output: Any, batch: Any) -> tuple[Any, str]:
-    """(scalar loss, how it was computed) using the user's loss_fn when given."""
+def _is_scalar_loss(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() == 1
+
+
+def own_loss(output: Any) -> tuple[Any, str] | None:
+    """The loss the model computed itself, if its output carries one."""
+    import torch
+
+    value = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if _is_scalar_loss(value):
+        return value.reshape(()), "output.loss (the model's own loss)"
+    if isinstance(output, (tuple, list)) and not isinstance(output, torch.Tensor):
+        scalars = [i for i, t in enumerate(output) if _is_scalar_loss(t) and t.dim() == 0]
+        if len(scalars) == 1 and len(output) > 1:
+            i = scalars[0]
+            return output[i].reshape(()), f"output[{i}], the one scalar the model returned (its own loss)"
+    return None
+
+
+def _main_tensor(output: Any):
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    floats = [t for t in _flatten(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return floats[0] if floats else None
+
+
+def target_loss(output: Any, target: Any) -> tuple[Any, str] | None:
+    """A loss from the output and the batch's target, when their shapes say which one; else None.
+
+    Integer targets: cross-entropy, classes on dim 1 ((N, C, ...) vs (N, ...)) or on the last dim
+    ((B, T, V) vs (B, T), the language-model layout). Float targets of the output's shape (or the
+    output's with a trailing 1 dropped): mean squared error."""
+    import torch
+    import torch.nn.functional as F
+
+    out = _main_tensor(output)
+    if out is None or not isinstance(target, torch.Tensor) or not out.is_floating_point():
+        return None
+    if not target.is_floating_point() and target.dtype != torch.bool:
+        if (
+            out.dim() >= 2
+            and out.shape[0] == target.shape[0]
+            and tuple(out.shape[2:]) == tuple(target.shape[1:])
+        ):
+            return F.cross_entropy(
+                out.float(), target.long()
+            ), "cross_entropy(output, target) (classes on dim 1)"
+        if out.dim() >= 2 and tuple(out.shape[:-1]) == tuple(target.shape):
+            flat = out.float().reshape(-1, out.shape[-1])
+            return F.cross_entropy(
+                flat, target.reshape(-1).long()
+            ), "cross_entropy(output, target) (classes on the last dim)"
+        return None
+    if target.is_floating_point():
+        if out.shape == target.shape:
+            return F.mse_loss(out.float(), target.float()), "mse_loss(output, target)"
+        if out.dim() == target.dim() + 1 and out.shape[-1] == 1 and out.shape[:-1] == target.shape:
+            return F.mse_loss(out.float().squeeze(-1), target.float()), "mse_loss(output.squeeze(-1), target)"
+    return None
+
+
+def compute_loss(
+    spec: ModelInputs, cwd: Path, roots: list[Path], output: Any, batch: Any, model: Any = None
+) -> tuple[Any, str]:
+    """(scalar loss, how it was computed): the user's loss_fn when given, else the rule above.
+
+    Pass `model` so a batch's target is known (split_batch); without it the batch is taken whole."""
     import torch
 
     if spec.loss is None:
-        return default_loss(output), DEFAULT_LOSS_DESCRIPTION
+        return rule_loss(output, split_batch(model, batch).target if model is not None else None)
     loss_fn = load_callable(spec.loss, cwd, roots, "the loss function")
     with user_code(f"calling the loss function {spec.loss}"):
         loss = loss_fn(output, batch)
@@ -282,3 +411,28 @@ def compute_loss(spec: ModelInputs, cwd: Path, roots: list[Path], output: Any, b
             "bad_request", f"{spec.loss} returned {shape}; a loss function must return a scalar tensor"
         )
     return loss.reshape(()), f"user loss {spec.loss}"
+
+
+def rule_loss(output: Any, target: Any = None) -> tuple[Any, str]:
+    """The default loss of the batch rule: own loss, then target-aware, then the mean."""
+    found = own_loss(output)
+    if found is not None:
+        return found
+    if target is not None:
+        found = target_loss(output, target)
+        if found is not None:
+            return found
+    note = ""
+    if target is not None:
+        note = "; the batch's target fits no default loss (pass loss='file.py:loss_fn')"
+    elif (isinstance(output, dict) and "loss" in output) or hasattr(output, "loss"):
+        note = "; output.loss is None: put the labels in the batch so the model computes its own loss"
+    return default_loss(output), DEFAULT_LOSS_DESCRIPTION + note
+
+
+def describe_rule(model: Any, batch: Any, loss_how: str | None):
+    """The BatchRule result piece for a batch and the loss description."""
+    from torch_skills.results import BatchRule
+
+    split = split_batch(model, batch)
+    return BatchRule(batch=split.kind, call=split.call, loss=loss_how)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import select
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
-from torch_skills.runner import protocol
+from torch_skills.runner import libraries, protocol
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -77,6 +78,7 @@ class Zygote:
         self.by_pid: dict[int, _Job] = {}
         self._stdin_buf = b""
         self._last_watch = 0.0
+        self.to_preload: list[str] = []  # libraries the children imported, imported here when idle
 
     def send(self, message: dict) -> None:
         data = protocol.encode(message)
@@ -89,6 +91,8 @@ class Zygote:
         op = message.get("op")
         if op == "run":
             self.start(message)
+        elif op == "preload":
+            self.to_preload += [str(m) for m in message.get("modules", [])][: libraries.MAX_MODULES]
         elif op == "kill":
             job = self.jobs.get(message.get("job", ""))
             if job is not None:
@@ -208,6 +212,67 @@ class Zygote:
                             self.drain(job)
             self.reap()
             self.watch_memory()
+            if self.to_preload and not self.jobs:
+                self.preload_libraries()
+
+    def preload_libraries(self) -> None:
+        """Import what the last children imported, so the next ones start with it; exit if fork got unsafe."""
+        names, self.to_preload = self.to_preload, []
+        problem = libraries.import_all(names)
+        if problem is not None:  # a thread now runs here: forking is unsafe, so start over without it
+            self.send({"event": "preload_unsafe", "library": names[0].split(".")[0], "reason": problem})
+            self.shutdown()
+
+
+# The oldest torch the tools work with (FakeTensorMode, FlopCounterMode, torch.amp); as pyproject.
+MIN_TORCH = (2, 4)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def environment_problem() -> str | None:
+    """Why this interpreter cannot run the tools (no torch, an old torch, no pydantic 2), or None.
+
+    The message names the interpreter and the command that fixes it, since the interpreter is the
+    user's (chosen with --python or found in their project), not necessarily the server's."""
+    exe = sys.executable
+    where = f"the worker's interpreter {exe} (Python {platform.python_version()})"
+    fix_other = "or start the server with --python pointing at the interpreter your project uses"
+    try:
+        import torch
+    except ImportError as e:
+        return (
+            f"{where} cannot import torch ({e}). Install it there (`{exe} -m pip install torch`, "
+            f"see pytorch.org for the CUDA build), {fix_other}."
+        )
+    version = str(getattr(torch, "__version__", "0"))
+    if _version_tuple(version) < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        return (
+            f"{where} has torch {version}; the tools need torch>={need}. Upgrade it there "
+            f"(`{exe} -m pip install 'torch>={need}'`), {fix_other}."
+        )
+    try:
+        import pydantic
+    except ImportError as e:
+        return (
+            f"{where} cannot import pydantic ({e}), which the tools' worker needs for its results. "
+            f"Install it there (`{exe} -m pip install 'pydantic>=2'`), {fix_other}."
+        )
+    if _version_tuple(str(getattr(pydantic, "VERSION", "0"))) < (2,):
+        return (
+            f"{where} has pydantic {pydantic.VERSION}; the tools' worker needs pydantic>=2. Upgrade it there "
+            f"(`{exe} -m pip install 'pydantic>=2'`), {fix_other}."
+        )
+    return None
 
 
 def _die_with_parent() -> None:
@@ -229,6 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_parent()
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
 
+    problem = environment_problem()
+    if problem is not None:  # the server turns this into every call's error, with the next step
+        os.write(out_fd, protocol.encode({"event": "unusable", "message": problem, "python": sys.executable}))
+        return
     import torch
 
     preload = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--preload"]
@@ -242,7 +311,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"torch-skills worker: could not preload {module}: {e!r}", file=sys.stderr)
     cuda = bool(torch.cuda.is_available())
     zygote = Zygote(out_fd, cuda)
-    zygote.send({"event": "ready", "pid": os.getpid(), "torch": torch.__version__, "cuda": cuda})
+    zygote.send(
+        {
+            "event": "ready",
+            "pid": os.getpid(),
+            "torch": torch.__version__,
+            "cuda": cuda,
+            "python": sys.executable,
+            "python_version": platform.python_version(),
+        }
+    )
     zygote.serve()
 
 
