@@ -135,10 +135,14 @@ class PickleScan:
     end_offset: int = 0  # where the last parsed pickle ended
     trailing_bytes: int = 0  # bytes after end_offset that were not parsed as pickles
     trailing_error: str | None = None
+    frame_crossings: int = 0  # reads that run past the end of a FRAME (readers disagree)
+    frame_crossing_offset: int | None = None
+    frame_crossing_what: str | None = None
+    file_reader_globals: list[str] = field(default_factory=list)  # names only the file reader sees
 
     @property
     def safe(self) -> bool:
-        return self.complete and self.unsafe_total == 0
+        return self.complete and self.unsafe_total == 0 and self.frame_crossings == 0
 
 
 class _Malformed(Exception):
@@ -252,6 +256,7 @@ class _Machine:
         limits: ScanLimits,
         result: PickleScan,
         nested: Callable[[bytes, str, int], list[UnsafeRef]] | None,
+        file_mode: bool = False,
     ):
         self.data = data
         self.end = len(data)
@@ -262,8 +267,51 @@ class _Machine:
         self.nested = nested
         self.pos = 0
         self.proto = 0
+        self.file_mode = file_mode
+        self.buf_end = 0 if file_mode else self.end  # end of the bytes the reader holds in memory
+        self.file_pos = 0  # file reader: where the next read from the file starts
+        self.frame_end: int | None = None  # straight reader: end of the FRAME being read
 
     # -- reading ---------------------------------------------------------------------------------
+    # Two readers of the same bytes. The straight reader walks the stream in order, as
+    # pickle.loads(bytes) does. The file reader copies CPython's C unpickler reading from a file
+    # object without peek() (io.BytesIO: torch.load's data.pkl, pickle.load on a BytesIO): FRAME
+    # reads its whole frame into a buffer, and a read that runs past the buffer's end drops the
+    # rest of the buffer and takes fresh bytes from the file position after it
+    # (Modules/_pickle.c, _Unpickler_ReadImpl / _Unpickler_ReadFromFile / load_frame). The two
+    # agree unless some read crosses a frame's end, which no pickler writes; the straight reader
+    # records every such crossing.
+    def _take(self, n: int, what: str) -> int:
+        """Offset of the next n bytes, consumed; raises _Malformed when the data ends first."""
+        if n < 0:
+            raise _Malformed(f"{what} declares a negative length {n}", self.op_pos)
+        start = self.pos
+        if start + n <= self.buf_end:
+            if self.frame_end is not None and start < self.frame_end < start + n:
+                self._crossing(what)
+            self.pos = start + n
+            return start
+        if not self.file_mode:
+            raise _Malformed(
+                f"{what} declares {n} bytes but only {self.end - self.pos} remain in {self.source}",
+                self.op_pos,
+            )
+        # C unpickler: the rest of the buffer is dropped and n bytes come from the file
+        start = self.file_pos
+        if start + n > self.end:
+            raise _Malformed(
+                f"{what} declares {n} bytes but only {self.end - start} remain in {self.source}",
+                self.op_pos,
+            )
+        self.file_pos = self.buf_end = self.pos = start + n
+        return start
+
+    def _crossing(self, what: str) -> None:
+        self.result.frame_crossings += 1
+        if self.result.frame_crossing_offset is None:
+            self.result.frame_crossing_offset = self.op_pos
+            self.result.frame_crossing_what = what
+
     def _need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.end:
             raise _Malformed(
@@ -272,39 +320,43 @@ class _Machine:
             )
 
     def _line(self) -> bytes:
-        limit = min(self.end, self.pos + self.limits.max_line_bytes)
+        limit = min(self.buf_end, self.pos + self.limits.max_line_bytes)
         nl = self.data.find(b"\n", self.pos, limit)
-        if nl < 0:
-            raise _Malformed(
-                f"{self.op_name} needs a newline-terminated argument; none within {limit - self.pos} bytes",
-                self.op_pos,
-            )
-        line = bytes(self.data[self.pos : nl])
-        self.pos = nl + 1
-        return line
+        if nl >= 0:
+            if self.frame_end is not None and self.pos < self.frame_end <= nl:
+                self._crossing(f"{self.op_name} text argument")
+            line = bytes(self.data[self.pos : nl])
+            self.pos = nl + 1
+            return line
+        if self.file_mode and self.buf_end < self.end:  # C: readline() on the file, buffer dropped
+            start = self.file_pos
+            nl = self.data.find(b"\n", start, min(self.end, start + self.limits.max_line_bytes))
+            if nl >= 0:
+                self.file_pos = self.buf_end = self.pos = nl + 1
+                return bytes(self.data[start:nl])
+        raise _Malformed(
+            f"{self.op_name} needs a newline-terminated argument; none within {limit - self.pos} bytes",
+            self.op_pos,
+        )
 
     def _read_arg(self, kind: str) -> Any:
         fixed = _FIXED_ARGS.get(kind)
         if fixed is not None:
             fmt, size = fixed
-            self._need(size, self.op_name)
-            (value,) = fmt.unpack_from(self.data, self.pos)
-            self.pos += size
+            at = self._take(size, self.op_name)
+            (value,) = fmt.unpack_from(self.data, at)
             return value
         sized = _SIZED_ARGS.get(kind)
         if sized is not None:
             fmt, size, as_ = sized
-            self._need(size, self.op_name)
-            (length,) = fmt.unpack_from(self.data, self.pos)
-            self.pos += size
+            at = self._take(size, self.op_name)
+            (length,) = fmt.unpack_from(self.data, at)
             if length < 0:
                 raise _Malformed(f"{self.op_name} has a negative length {length}", self.op_pos)
-            self._need(length, self.op_name)
+            at = self._take(length, self.op_name)
             if length > self.limits.inline_arg_bytes:
-                self.pos += length
                 return _Big(as_, length)
-            raw = bytes(self.data[self.pos : self.pos + length])
-            self.pos += length
+            raw = bytes(self.data[at : at + length])
             if as_ == "bytes":
                 return raw
             if as_ == "long":
@@ -479,17 +531,22 @@ class _Machine:
         self.op_name = "start"
         result, data, limits = self.result, self.data, self.limits
         while True:
-            if self.pos >= self.end:
-                raise _Malformed("the pickle ends without a STOP opcode (truncated or broken)", self.pos)
+            if self.frame_end is not None and self.pos >= self.frame_end:
+                self.frame_end = None
             self.op_pos = self.pos
-            op = _OPS[data[self.pos]]
+            if self.pos >= self.end or (
+                self.file_mode and self.pos >= self.buf_end and self.file_pos >= self.end
+            ):
+                raise _Malformed("the pickle ends without a STOP opcode (truncated or broken)", self.pos)
+            self.op_name = "opcode"
+            at = self._take(1, "the next opcode")
+            self.op_pos = at
+            op = _OPS[data[at]]
             if op is None:
                 raise _Malformed(
-                    f"unknown opcode 0x{data[self.pos]:02x}: no unpickler defines it (broken or hostile)",
-                    self.pos,
+                    f"unknown opcode 0x{data[at]:02x}: no unpickler defines it (broken or hostile)", at
                 )
             self.op_name = op.name
-            self.pos += 1
             result.opcodes += 1
             if result.opcodes > limits.max_opcodes:
                 raise _LimitHit(f"more than {limits.max_opcodes} opcodes", self.op_pos)
@@ -629,10 +686,11 @@ class _Machine:
         elif name == "READONLY_BUFFER":
             self._top()
         elif name == "FRAME":
-            if arg > self.end - self.pos:
-                raise _Malformed(
-                    f"FRAME declares {arg} bytes but only {self.end - self.pos} remain", self.op_pos
-                )
+            # load_frame: the frame is read as one block, then parsing restarts at its first byte
+            start = self._take(arg, "FRAME")
+            self.pos = start
+            if not self.file_mode:
+                self.frame_end = start + arg
         elif name == "PROTO":
             if arg > 5:
                 raise _Malformed(f"unsupported pickle protocol {arg}", self.op_pos)
@@ -641,6 +699,9 @@ class _Machine:
                 self.result.protocol = arg
         elif name == "STOP":
             self._pop()
+            if self.file_mode:  # the next load() starts where the file reader stopped
+                self.pos = self.buf_end = max(self.pos, self.file_pos)
+                self.file_pos = self.pos
             return True
         else:  # pragma: no cover - every pickletools opcode is handled above (a test checks it)
             raise _Malformed(f"opcode {name} is not modelled", self.op_pos)
@@ -694,7 +755,13 @@ def scan_pickle(
     result = PickleScan(source=source, size=len(data))
     if nested is None:
         nested = _default_nested(policy, limits, 1)
-    machine = _Machine(data, source, policy, limits, result, nested)
+    _run(_Machine(data, source, policy, limits, result, nested), result, expected, scan_trailing)
+    if result.frame_crossings:
+        _scan_as_file_reader(data, source, policy, limits, result, nested, expected, scan_trailing)
+    return result
+
+
+def _run(machine: _Machine, result: PickleScan, expected: int, scan_trailing: bool) -> None:
     try:
         for _ in range(expected):
             machine.run_one()
@@ -706,7 +773,8 @@ def scan_pickle(
         result.error_offset = e.offset
         result.limit_hit = isinstance(e, _LimitHit)
         result.end_offset = machine.pos
-        return result
+        result.trailing_bytes = machine.end - result.end_offset
+        return
     if scan_trailing:
         while machine.pos < machine.end:
             start = machine.pos
@@ -722,7 +790,37 @@ def scan_pickle(
                     result.error, result.error_offset = str(e), e.offset
                 break
     result.trailing_bytes = machine.end - result.end_offset
-    return result
+
+
+def _scan_as_file_reader(
+    data: Any,
+    source: str,
+    policy: Policy,
+    limits: ScanLimits,
+    result: PickleScan,
+    nested,
+    expected: int,
+    scan_trailing: bool,
+) -> None:
+    """Scan again the way the C unpickler reads a file, and add what only that reading names."""
+    other = PickleScan(source=f"{source} (as read from a file)", size=len(data))
+    _run(
+        _Machine(data, other.source, policy, limits, other, nested, file_mode=True),
+        other,
+        expected,
+        scan_trailing,
+    )
+    seen = {u.qualified for u in result.unsafe}
+    for qualified, tier in other.globals_used.items():
+        result.globals_used.setdefault(qualified, tier)
+    for entry in other.unsafe:
+        if entry.qualified not in seen or entry.qualified is None:
+            result.file_reader_globals.append(entry.qualified or f"unresolvable {entry.opcode}")
+            result.unsafe_total += 1
+            if len(result.unsafe) < limits.max_recorded:
+                result.unsafe.append(entry)
+    result.unsafe_total += max(0, other.unsafe_total - len(other.unsafe))
+    result.limit_hit = result.limit_hit or other.limit_hit
 
 
 def _default_nested(policy: Policy, limits: ScanLimits, level: int):

@@ -106,7 +106,18 @@ class StaticScan:
                         "unpickler runs every opcode before the break.",
                     )
                 )
-            elif p.trailing_error:
+            if p.frame_crossings:
+                only = ", ".join(p.file_reader_globals[:3]) or "nothing more"
+                found.append(
+                    Problem(
+                        "pickle_frame_ambiguous",
+                        f"{p.source}@{p.frame_crossing_offset}",
+                        f"{p.frame_crossing_what} runs past the end of its FRAME ({p.frame_crossings}x). No pickler "
+                        "writes that; pickle.loads reads such a stream one way and the C unpickler reading a file "
+                        f"(pickle.load, torch.load) another, which names {only}. Treat it as hostile.",
+                    )
+                )
+            if p.complete and p.trailing_error:
                 found.append(
                     Problem(
                         "pickle_trailing_bytes",
