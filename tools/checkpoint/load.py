@@ -63,24 +63,31 @@ class LoadedCheckpoint:
 
 
 def _numpy_globals(scan_globals: dict[str, str]) -> list[tuple[Any, str]]:
-    """(object, name) pairs for torch.serialization.safe_globals, for the numpy names the file uses.
+    """(object, name) pairs for torch.serialization.safe_globals: the numpy and data-class names the file uses.
 
-    When it uses any, the numpy.dtypes classes come too: the pickle never names them, but
-    weights_only's BUILD checks the type of the dtype object it rebuilds (numpy >= 1.25).
+    When it uses numpy names, the numpy.dtypes classes come too: the pickle never names them, but
+    weights_only's BUILD checks the type of the dtype object it rebuilds (numpy >= 1.25). Only
+    names from the static allowlist (tools/checkpoint/allowlist.py) get here, so nothing the file
+    chose is imported; a library that is not installed is skipped (torch.load then names it).
     """
-    names = [q for q, tier in sorted(scan_globals.items()) if tier == "numpy"]
-    if names:
+    names = [q for q, tier in sorted(scan_globals.items()) if tier in ("numpy", "data")]
+    if any(tier == "numpy" for tier in scan_globals.values()):
         names += sorted(n for n in NUMPY_DATA if n.startswith("numpy.dtypes."))
     pairs = []
     for qualified in names:
         module, _, name = qualified.rpartition(".")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                obj = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError):
-                continue  # this numpy spells it differently; torch.load will name it if it matters
-        pairs.append((obj, qualified))
+        candidates = [module]
+        if module.startswith("numpy.core"):
+            candidates.insert(0, module.replace("numpy.core", "numpy._core", 1))
+        for candidate in candidates:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    obj = getattr(importlib.import_module(candidate), name)
+                except (ImportError, AttributeError):
+                    continue
+            pairs.append((obj, qualified))
+            break
     return pairs
 
 
@@ -157,6 +164,11 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # weights_only refusals, corrupt storages, out-of-bounds views
         hint = ""
+        if "Unsupported global" in str(e):
+            hint = (
+                " If the global it names is in the scan's allowlist recipe, its library (omegaconf, transformers, "
+                "lightning...) is not installed in the tool's Python; load it with the recipe where it is."
+            )
         if isinstance(e, MemoryError) or "alloc" in str(e).lower():
             hint = (
                 " The file may not fit the worker's memory limit: call again with a larger memory_limit_gib."
@@ -204,6 +216,12 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
                 f"the allowlist unpickler refused {file.name}: {str(e)[:800]}"
             ) from None
         return obj, "pickle.Unpickler restricted to the weights_only allowlist"
+    if file.format == "numpy":
+        return _load_numpy(file), "numpy.load(allow_pickle=False)"
+    if file.format == "archive" and file.zip is not None:
+        return _load_nested_archives(
+            file, numpy_pairs
+        ), "torch.load(weights_only=True) of each nested torch archive"
     if file.format == "safetensors" and file.safetensors is not None:
         return _safetensors_tree(file.path, file.safetensors), "safetensors header (tensors read by offset)"
     if file.path.name.endswith(".json") and file.path.stat().st_size <= MAX_JSON_BYTES:
@@ -212,6 +230,47 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
         except (ValueError, UnicodeDecodeError) as e:
             raise CheckpointLoadError(f"{file.name} is not valid JSON: {e}") from None
     raise CheckpointLoadError(f"{file.name}: format {file.format} is not loaded")
+
+
+def _load_numpy(file: FileScan) -> Any:
+    import numpy as np
+
+    try:
+        if file.zip is not None:  # .npz: plain arrays only (the scan found no object array)
+            with np.load(file.path, allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        return np.load(file.path, allow_pickle=False, mmap_mode="r")
+    except Exception as e:  # corrupt data the header did not reveal
+        raise CheckpointLoadError(
+            f"numpy.load(allow_pickle=False) refused {file.name}: {str(e)[:400]}"
+        ) from None
+
+
+def _load_nested_archives(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> dict[str, Any]:
+    """Members of a zip (torch.export's .pt2) that are torch archives, each through weights_only."""
+    import zipfile
+
+    out: dict[str, Any] = {}
+    with zipfile.ZipFile(file.path) as z:
+        for info in z.infolist():
+            if info.file_size > MAX_BYTES_ITEM or info.is_dir():
+                continue
+            with z.open(info) as member:
+                if member.read(4) != b"PK\x03\x04":
+                    continue
+            data = z.read(info)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with torch.serialization.safe_globals(numpy_pairs):
+                        out[info.filename] = torch.load(
+                            io.BytesIO(data), map_location="cpu", weights_only=True
+                        )
+            except Exception as e:
+                raise CheckpointLoadError(
+                    f"torch.load(weights_only=True) refused {file.name}::{info.filename}: {str(e)[:400]}"
+                ) from None
+    return out
 
 
 # -- DCP -----------------------------------------------------------------------------------------

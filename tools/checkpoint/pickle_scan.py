@@ -127,6 +127,7 @@ class PickleScan:
     error: str | None = None
     error_offset: int | None = None
     limit_hit: bool = False
+    truncated: bool = False  # the data ended before the pickle did (more bytes could change the verdict)
     globals_used: dict[str, Tier] = field(default_factory=dict)
     unsafe: list[UnsafeRef] = field(default_factory=list)
     unsafe_total: int = 0
@@ -153,6 +154,10 @@ class _Malformed(Exception):
 
 class _LimitHit(_Malformed):
     pass
+
+
+class _Truncated(_Malformed):
+    """The data ended before the pickle did."""
 
 
 class _Ref:
@@ -257,6 +262,7 @@ class _Machine:
         result: PickleScan,
         nested: Callable[[bytes, str, int], list[UnsafeRef]] | None,
         file_mode: bool = False,
+        start: int = 0,
     ):
         self.data = data
         self.end = len(data)
@@ -265,11 +271,11 @@ class _Machine:
         self.limits = limits
         self.result = result
         self.nested = nested
-        self.pos = 0
+        self.pos = start
         self.proto = 0
         self.file_mode = file_mode
-        self.buf_end = 0 if file_mode else self.end  # end of the bytes the reader holds in memory
-        self.file_pos = 0  # file reader: where the next read from the file starts
+        self.buf_end = start if file_mode else self.end  # end of the bytes the reader holds in memory
+        self.file_pos = start  # file reader: where the next read from the file starts
         self.frame_end: int | None = None  # straight reader: end of the FRAME being read
 
     # -- reading ---------------------------------------------------------------------------------
@@ -292,14 +298,14 @@ class _Machine:
             self.pos = start + n
             return start
         if not self.file_mode:
-            raise _Malformed(
+            raise _Truncated(
                 f"{what} declares {n} bytes but only {self.end - self.pos} remain in {self.source}",
                 self.op_pos,
             )
         # C unpickler: the rest of the buffer is dropped and n bytes come from the file
         start = self.file_pos
         if start + n > self.end:
-            raise _Malformed(
+            raise _Truncated(
                 f"{what} declares {n} bytes but only {self.end - start} remain in {self.source}",
                 self.op_pos,
             )
@@ -334,7 +340,7 @@ class _Machine:
             if nl >= 0:
                 self.file_pos = self.buf_end = self.pos = nl + 1
                 return bytes(self.data[start:nl])
-        raise _Malformed(
+        raise (_Truncated if limit >= self.end else _Malformed)(
             f"{self.op_name} needs a newline-terminated argument; none within {limit - self.pos} bytes",
             self.op_pos,
         )
@@ -423,6 +429,8 @@ class _Machine:
             )
         elif risk == "code_execution":
             reason = f"{qualified} can run code or reach the system when the file is loaded"
+        elif risk == "data":
+            reason = f"{qualified} is a plain data class; this scan's policy does not allow it"
         else:
             reason = (
                 f"{qualified} is not in the weights_only allowlist; torch.load(weights_only=True) refuses it"
@@ -537,7 +545,7 @@ class _Machine:
             if self.pos >= self.end or (
                 self.file_mode and self.pos >= self.buf_end and self.file_pos >= self.end
             ):
-                raise _Malformed("the pickle ends without a STOP opcode (truncated or broken)", self.pos)
+                raise _Truncated("the pickle ends without a STOP opcode (truncated or broken)", self.pos)
             self.op_name = "opcode"
             at = self._take(1, "the next opcode")
             self.op_pos = at
@@ -744,20 +752,21 @@ def scan_pickle(
     expected: int = 1,
     scan_trailing: bool = True,
     nested: Callable[[bytes, str, int], list[UnsafeRef]] | None = None,
+    start: int = 0,
 ) -> PickleScan:
-    """Scan `expected` pickles from the start of `data`, then (optionally) any that follow.
+    """Scan `expected` pickles from offset `start` of `data`, then (optionally) any that follow.
 
     `nested(data, source, offset)` scans a bytes argument handed to a loader such as
     `pickle.loads`; by default nested pickles are scanned with the same policy.
     """
     policy = policy or Policy()
     limits = limits or ScanLimits()
-    result = PickleScan(source=source, size=len(data))
+    result = PickleScan(source=source, size=len(data) - start)
     if nested is None:
         nested = _default_nested(policy, limits, 1)
-    _run(_Machine(data, source, policy, limits, result, nested), result, expected, scan_trailing)
+    _run(_Machine(data, source, policy, limits, result, nested, start=start), result, expected, scan_trailing)
     if result.frame_crossings:
-        _scan_as_file_reader(data, source, policy, limits, result, nested, expected, scan_trailing)
+        _scan_as_file_reader(data, source, policy, limits, result, nested, expected, scan_trailing, start)
     return result
 
 
@@ -772,6 +781,7 @@ def _run(machine: _Machine, result: PickleScan, expected: int, scan_trailing: bo
         result.error = str(e)
         result.error_offset = e.offset
         result.limit_hit = isinstance(e, _LimitHit)
+        result.truncated = isinstance(e, _Truncated)
         result.end_offset = machine.pos
         result.trailing_bytes = machine.end - result.end_offset
         return
@@ -801,15 +811,12 @@ def _scan_as_file_reader(
     nested,
     expected: int,
     scan_trailing: bool,
+    start: int = 0,
 ) -> None:
     """Scan again the way the C unpickler reads a file, and add what only that reading names."""
-    other = PickleScan(source=f"{source} (as read from a file)", size=len(data))
-    _run(
-        _Machine(data, other.source, policy, limits, other, nested, file_mode=True),
-        other,
-        expected,
-        scan_trailing,
-    )
+    other = PickleScan(source=f"{source} (as read from a file)", size=len(data) - start)
+    machine = _Machine(data, other.source, policy, limits, other, nested, file_mode=True, start=start)
+    _run(machine, other, expected, scan_trailing)
     seen = {u.qualified for u in result.unsafe}
     for qualified, tier in other.globals_used.items():
         result.globals_used.setdefault(qualified, tier)
@@ -825,7 +832,7 @@ def _scan_as_file_reader(
 
 def _default_nested(policy: Policy, limits: ScanLimits, level: int):
     def scan_nested(data: bytes, source: str, offset: int) -> list[UnsafeRef]:
-        if level > limits.max_nested or not looks_like_pickle(data[:2]):
+        if level > limits.max_nested or not data or _OPS[data[0]] is None:
             return []
         inner = scan_pickle(data, source, policy, limits, nested=_default_nested(policy, limits, level + 1))
         return inner.unsafe

@@ -38,6 +38,7 @@ from tools.checkpoint.report import SKILL, build_findings, build_summary
 from tools.checkpoint.resume import file_role, find_resume_roles, get_path, optimizer_checks
 from tools.checkpoint.scan import StaticScan, scan_path
 from tools.checkpoint.tree import TensorMeta, is_tensor_mapping, leaf_info, walk
+from tools.checkpoint.verdict import allowlist_recipe, file_verdict, needs_safe_globals, overall_verdict
 from tools.results import Finding
 from tools.runner.child import JobContext
 from tools.runner.errors import UserCodeError
@@ -64,11 +65,25 @@ def _static_facts(scan: StaticScan, max_listed: int) -> dict[str, Any]:
     allowed: dict[str, str] = {}
     for p in pickles:
         allowed.update(p.globals_used)
+    verdict = overall_verdict(scan)
+    needs = sorted(n for n, tier in allowed.items() if tier in ("numpy", "data"))
+    target = str(scan.path) if not scan.is_dir else str(scan.path / "<file>")
     return {
         "format": scan.format if scan.format != "safetensors_index" else "safetensors_sharded",
-        "files": [FileInfo(name=f.name, format=f.format, bytes=f.bytes) for f in scan.files],
+        "files": [
+            FileInfo(
+                name=f.name,
+                format=f.format,
+                bytes=f.bytes,
+                verdict=file_verdict(f),
+                needs_safe_globals=needs_safe_globals(f),
+            )
+            for f in scan.files
+        ],
         "size_bytes": scan.bytes,
-        "safe": scan.safe,
+        "safe": scan.safe and verdict in ("safe", "safe_with_allowlist"),
+        "verdict": verdict,
+        "allowlist_recipe": allowlist_recipe(needs, target) if verdict == "safe_with_allowlist" else None,
         "unsafe_globals": [
             UnsafeGlobal(
                 source=u.source,
@@ -106,7 +121,7 @@ def _static_facts(scan: StaticScan, max_listed: int) -> dict[str, Any]:
             for p in pickles[:max_listed]
         ],
         "globals_allowed": sorted(allowed),
-        "needs_safe_globals": sorted(n for n, tier in allowed.items() if tier == "numpy"),
+        "needs_safe_globals": needs,
         "scan_seconds": scan.seconds,
     }
 
@@ -270,6 +285,8 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
             load_error = str(e)
         if loaded is not None and loaded.problems:
             facts["safe"] = False
+            facts["verdict"] = "unsafe"
+            facts["allowlist_recipe"] = None
             facts["problems"] += [
                 FileProblem(
                     code=p.code, source=p.source, message=p.message, severity=p.severity, blocks_safe=True
