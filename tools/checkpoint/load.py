@@ -24,9 +24,11 @@ Raises `CheckpointLoadError` (with the loader's message) when the format's loade
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
+import mmap
 import pickle
 import warnings
 from collections.abc import Iterator, Mapping
@@ -40,7 +42,7 @@ from tools.checkpoint.allowlist import NUMPY_DATA
 from tools.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
 from tools.checkpoint.pickle_scan import map_python2_name
 from tools.checkpoint.problems import Problem
-from tools.checkpoint.safetensors_format import SafetensorsHeader, iter_tensor_bytes
+from tools.checkpoint.safetensors_format import DTYPE_BYTES, SafeTensorEntry, SafetensorsHeader
 from tools.checkpoint.scan import FileScan, StaticScan
 from tools.checkpoint.tree import TensorMeta
 
@@ -178,23 +180,47 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
         ) from None
 
 
+class _SafetensorsReader:
+    """Reads tensors of one safetensors file through a single shared mapping (opened on first use)."""
+
+    def __init__(self, path: Path, header: SafetensorsHeader):
+        self.path, self.header = path, header
+        self._map: mmap.mmap | None = None
+
+    def _data(self) -> mmap.mmap:
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map
+
+    def chunks(self, entry: SafeTensorEntry, dtype: torch.dtype, max_elems: int) -> Iterator[torch.Tensor]:
+        itemsize = DTYPE_BYTES[entry.dtype]
+        step = max(1, max_elems) * itemsize
+        start = self.header.data_offset + entry.begin
+        data = self._data()
+        for at in range(start, start + entry.nbytes, step):
+            piece = data[at : min(at + step, start + entry.nbytes)]  # a copy: bytes
+            yield torch.frombuffer(bytearray(piece), dtype=dtype)  # (n,)
+
+    def read(self, entry: SafeTensorEntry, dtype: torch.dtype) -> torch.Tensor:
+        pieces = list(self.chunks(entry, dtype, 1 << 26))
+        flat = torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
+        return flat.reshape(entry.shape)
+
+
 def _safetensors_tree(path: Path, header: SafetensorsHeader) -> dict[str, TensorMeta]:
+    reader = _SafetensorsReader(path, header)
+    dtypes = {name: getattr(torch, name) for name in {e.torch_dtype for e in header.tensors}}
     out: dict[str, TensorMeta] = {}
     for entry in header.tensors:
-        dtype = getattr(torch, entry.torch_dtype)
-
-        def chunks(max_elems: int, entry=entry, dtype=dtype) -> Iterator[torch.Tensor]:
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            for piece in iter_tensor_bytes(path, header, entry, max_elems * itemsize):
-                yield torch.frombuffer(bytearray(piece), dtype=dtype)  # (n,)
-
-        def read(entry=entry, dtype=dtype) -> torch.Tensor:
-            pieces = list(chunks(1 << 26, entry, dtype))
-            flat = torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
-            return flat.reshape(entry.shape)
-
+        dtype = dtypes[entry.torch_dtype]
         out[entry.name] = TensorMeta(
-            tuple(entry.shape), entry.torch_dtype, entry.nbytes, header.source, read, chunks
+            tuple(entry.shape),
+            entry.torch_dtype,
+            entry.nbytes,
+            header.source,
+            functools.partial(reader.read, entry, dtype),
+            functools.partial(reader.chunks, entry, dtype),
         )
     return out
 

@@ -62,8 +62,14 @@ def is_tensor_mapping(value: Any) -> bool:
 def walk(
     obj: Any, prefix: str = "", max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
 ) -> Iterator[tuple[str, Any]]:
-    """(dotted path, leaf) for every tensor-like leaf, depth-first, within the bounds."""
+    """(dotted path, leaf) for every tensor-like leaf, depth-first, within the bounds.
+
+    Each container is entered once (a visited set of ids), so a list that holds itself or a
+    billion-laughs pickle (containers shared through the memo) costs their size, not their paths.
+    Leaves are not deduplicated: tied weights appear under each of their names.
+    """
     stack: list[tuple[str, Any, int]] = [(prefix, obj, 0)]
+    entered: set[int] = set()
     seen = 0
     while stack:
         path, value, depth = stack.pop()
@@ -75,6 +81,10 @@ def walk(
             continue
         if depth >= max_depth:
             continue
+        if isinstance(value, (Mapping, list, tuple)):
+            if id(value) in entered:
+                continue
+            entered.add(id(value))
         if isinstance(value, Mapping):
             items = list(value.items())
         elif isinstance(value, (list, tuple)):

@@ -266,6 +266,19 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
                 f"(over {limits.max_ratio}:1): a decompression bomb; it was not decompressed",
             )
             scan.refused_members.add(name)
+        if (
+            info.compress_type == zipfile.ZIP_DEFLATED
+            and info.compress_size > info.file_size + info.file_size // 64 + 1024
+        ):
+            # deflate never grows data by more than a few bytes per 16 KiB block: the size is a lie
+            _problem(
+                scan,
+                "zip_size_lie",
+                name,
+                f"{info.compress_size} compressed bytes cannot deflate to the declared {info.file_size}: the header "
+                "lies about the member's size (a bomb, or a file built to confuse zip readers); not decompressed",
+            )
+            scan.refused_members.add(name)
         spans.append((info.header_offset, data_end, name))
         scan.members.append(
             ZipMember(name, data_offset, info.compress_size, info.file_size, info.compress_type)
