@@ -195,6 +195,10 @@ def _check_name(scan: ZipScan, name: str) -> None:
         )
     if "\x00" in name:
         _problem(scan, "zip_bad_name", name, "member name contains a NUL byte")
+    if not name:
+        _problem(
+            scan, "zip_bad_name", "<empty>", "a member with an empty name: zip readers disagree on what it is"
+        )
 
 
 def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, limits: ZipLimits) -> None:
@@ -346,6 +350,24 @@ def _peek(zf: zipfile.ZipFile, info: zipfile.ZipInfo, n: int = 512) -> bytes:
         return b""
 
 
+# what zipfile raises on hostile bytes: version needed 255 (NotImplementedError), an empty name
+# (IndexError in ZipInfo.is_dir), a negative seek (ValueError), a bad deflate stream (zlib.error)
+_READER_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    struct.error,
+    NotImplementedError,
+    IndexError,
+    KeyError,
+    OverflowError,
+    RuntimeError,
+    zlib.error,
+)
+
+
 def scan_zip(
     f: BinaryIO,
     size: int,
@@ -368,73 +390,94 @@ def scan_zip(
     f.seek(0)
     try:
         zf = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as e:
-        _problem(scan, "corrupt_zip", None, f"the archive cannot be opened: {e}")
+    except _READER_ERRORS as e:
+        _problem(
+            scan,
+            "corrupt_zip",
+            None,
+            f"corrupt/unreadable: the archive cannot be opened ({type(e).__name__}: {e})",
+        )
         return scan
     with zf:
-        _check_members(f, size, zf, scan, limits)
-        infos = zf.infolist()
-        if not infos:
-            _problem(scan, "corrupt_zip", None, "the archive has no members")
-            return scan
-        first = infos[0].filename
-        scan.prefix = first.split("/", 1)[0] if "/" in first else ""
-        data_name = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
-        by_name = {i.filename: i for i in infos}
-        scan.is_torchscript = (f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl") in by_name
-        scanned: set[int] = set()
-        declared = sum(i.file_size for i in infos if i.filename not in scan.refused_members)
-        if declared > limits.max_total_bytes:
+        try:
+            _scan_open_zip(f, size, zf, scan, limits, ctx, depth)
+        except _READER_ERRORS as e:
+            _problem(scan, "corrupt_zip", None, f"corrupt/unreadable: {type(e).__name__}: {str(e)[:200]}")
+    return scan
+
+
+def _scan_open_zip(
+    f: BinaryIO,
+    size: int,
+    zf: zipfile.ZipFile,
+    scan: ZipScan,
+    limits: ZipLimits,
+    ctx: ScanContext,
+    depth: int,
+) -> None:
+    policy, scan_limits, nested, source = ctx.policy, ctx.limits, ctx.nested, scan.source
+    _check_members(f, size, zf, scan, limits)
+    infos = zf.infolist()
+    if not infos:
+        _problem(scan, "corrupt_zip", None, "the archive has no members")
+        return
+    first = infos[0].filename
+    scan.prefix = first.split("/", 1)[0] if "/" in first else ""
+    data_name = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
+    by_name = {i.filename: i for i in infos}
+    scan.is_torchscript = (f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl") in by_name
+    scanned: set[int] = set()
+    declared = sum(i.file_size for i in infos if i.filename not in scan.refused_members)
+    if declared > limits.max_total_bytes:
+        _problem(
+            scan,
+            "zip_too_large_to_scan",
+            None,
+            f"the members declare {declared} bytes uncompressed (limit {limits.max_total_bytes}); "
+            "members past the limit were not scanned",
+        )
+    if data_name in by_name and data_name not in scan.refused_members:
+        scan.data_pkl = data_name
+        info = by_name[data_name]
+        data = _read_member(zf, info, scan, limits)
+        if data is not None:
+            scan.data_pkl_sha256 = hashlib.sha256(data).hexdigest()
+            result = scan_pickle(data, f"{source}::{data_name}", policy, scan_limits, nested=nested)
+            scan.pickles.append(result)
+            for pid in result.persistent_ids:
+                if len(pid) >= 3 and pid[0] == "storage":
+                    scan.storage_members.add(
+                        f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
+                    )
+        scanned.add(id(info))
+    else:
+        _problem(
+            scan,
+            "zip_no_data_pkl",
+            None,
+            f"no {data_name}: not an archive torch.save wrote (torch.load cannot read it); every member "
+            "was scanned by its content",
+            severity="info",
+            blocks_safe=False,
+        )
+    for key in sorted(scan.storage_members):
+        if key not in by_name:
             _problem(
                 scan,
-                "zip_too_large_to_scan",
-                None,
-                f"the members declare {declared} bytes uncompressed (limit {limits.max_total_bytes}); "
-                "members past the limit were not scanned",
-            )
-        if data_name in by_name and data_name not in scan.refused_members:
-            scan.data_pkl = data_name
-            info = by_name[data_name]
-            data = _read_member(zf, info, scan, limits)
-            if data is not None:
-                scan.data_pkl_sha256 = hashlib.sha256(data).hexdigest()
-                result = scan_pickle(data, f"{source}::{data_name}", policy, scan_limits, nested=nested)
-                scan.pickles.append(result)
-                for pid in result.persistent_ids:
-                    if len(pid) >= 3 and pid[0] == "storage":
-                        scan.storage_members.add(
-                            f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
-                        )
-            scanned.add(id(info))
-        else:
-            _problem(
-                scan,
-                "zip_no_data_pkl",
-                None,
-                f"no {data_name}: not an archive torch.save wrote (torch.load cannot read it); every member "
-                "was scanned by its content",
-                severity="info",
+                "zip_missing_storage",
+                key,
+                "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
                 blocks_safe=False,
             )
-        for key in sorted(scan.storage_members):
-            if key not in by_name:
-                _problem(
-                    scan,
-                    "zip_missing_storage",
-                    key,
-                    "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
-                    blocks_safe=False,
-                )
-        for info in infos:
-            if (
-                id(info) in scanned
-                or info.filename in scan.storage_members
-                or info.filename in scan.refused_members
-                or info.is_dir()
-            ):
-                continue
-            _scan_member(zf, info, scan, limits, ctx, depth)
-    return scan
+    for info in infos:
+        if (
+            id(info) in scanned
+            or info.filename in scan.storage_members
+            or info.filename in scan.refused_members
+            or info.is_dir()
+        ):
+            continue
+        _scan_member(zf, info, scan, limits, ctx, depth)
 
 
 def _scan_member(
