@@ -26,6 +26,7 @@ CORRUPT_CODES = frozenset(
     index_bad_json index_bad_shard""".split()
 )
 ALLOWLIST_TIERS = ("numpy", "data")
+TORCH_CANNOT_REBUILD = frozenset({"collections.defaultdict", "collections.deque"})
 
 
 def _verdict(unsafe: int, problems: list[Problem], needs: bool) -> str:
@@ -82,8 +83,17 @@ def allowlist_recipe(names: list[str], path: str) -> str | None:
         # weights_only checks the class of each dtype it rebuilds (numpy >= 1.25)
         exprs.append('*(getattr(numpy.dtypes, n) for n in dir(numpy.dtypes) if n.endswith("DType"))')
     body = ",\n    ".join(exprs)
+    caveat = ""
+    stuck = [q for q in names if q in TORCH_CANNOT_REBUILD]
+    if stuck:
+        caveat = (
+            f"# NB: torch.load(weights_only=True) cannot rebuild {', '.join(stuck)} even when allowlisted (it only "
+            "appends to lists and sets items of dicts); a plain pickle file loads with pickle.Unpickler whose "
+            "find_class returns only these names.\n"
+        )
     return (
-        "\n".join(sorted(imports))
+        caveat
+        + "\n".join(sorted(imports))
         + f"\n\nwith torch.serialization.safe_globals([\n    {body},\n]):\n"
         + f'    checkpoint = torch.load({path!r}, map_location="cpu", weights_only=True)\n'
     )
