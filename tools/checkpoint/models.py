@@ -79,6 +79,11 @@ class VerifyCheckpointRequest(ModelInputs):
         description="treat numpy array/scalar/dtype globals as safe (torch.load needs them passed to "
         "torch.serialization.safe_globals)",
     )
+    allow_data_classes: bool = Field(
+        default=True,
+        description="treat plain data classes (argparse.Namespace, datetime, pathlib, OmegaConf, "
+        "TrainingArguments...) as safe with an allowlist: verdict safe_with_allowlist and a safe_globals recipe",
+    )
     max_listed: int = Field(default=50, ge=1, le=2000, description="longest list of keys/tensors returned")
 
     @field_validator("model")

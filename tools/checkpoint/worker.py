@@ -273,7 +273,7 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
     torch.set_num_threads(min(2, torch.get_num_threads()))
     path = _resolve_path(request.path, job)
     job.progress(0, 4, "static scan (nothing is loaded yet)")
-    scan = scan_path(path, Policy(numpy=request.allow_numpy))
+    scan = scan_path(path, Policy(numpy=request.allow_numpy, data_classes=request.allow_data_classes))
     facts = _static_facts(scan, request.max_listed)
     loaded: LoadedCheckpoint | None = None
     load_error = None
