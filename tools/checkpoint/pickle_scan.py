@@ -18,6 +18,14 @@ NEWOBJ_EX, OBJ and INST on anything but an allowlisted global are unsafe; so are
 SETITEM applied to a global itself (they would patch a module-level object). Arguments are decoded
 here rather than by genops so a 4 GiB BINBYTES8 is skipped, not copied.
 
+FRAME is read the way CPython's C unpickler reads it from a file object (Modules/_pickle.c): the
+frame is one buffer, and a read that runs past its end drops the rest of the buffer and continues
+from the file position after the frame. `pickle.loads(bytes)` instead reads straight through. No
+pickler writes an opcode across a frame end, so when the straight walk sees one
+(`PickleScan.frame_crossings`), the stream is hostile: it is never called safe, and it is walked a
+second time as the file reader sees it, adding whatever that reading imports or calls.
+tests/test_checkpoint_differential.py checks the scan against the real unpickler.
+
 A stream may hold several pickles back to back (torch's legacy format holds five); `expected`
 says how many must parse, and with `scan_trailing` whatever follows is scanned as further
 pickles too (their unsafe globals count; a part that does not parse there is only reported).

@@ -1,21 +1,25 @@
-"""Inspect a torch.save zip archive as hostile input and scan every pickle in it.
+"""Inspect a zip archive (torch.save, .npz, torch.export .pt2, anything zipped) as hostile input.
 
 Use:
 
     scan = scan_zip_file("model.pt")                      # or scan_zip(fileobj, size, source)
-    scan.pickles      # PickleScan of data.pkl, every *.pkl, and any member that starts like a pickle
+    scan.pickles      # PickleScan of data.pkl and of every pickle found in any member
     scan.problems     # Problem(...) for a truncated file, '..' or absolute names, duplicate names,
-                      # sizes beyond the file, overlapping members, zip bombs, encryption...
-    scan.data_pkl     # the member torch.load would unpickle ("archive/data.pkl")
+                      # sizes beyond the file, overlapping members, zip bombs, lying sizes, encryption...
+    scan.data_pkl     # the member torch.load would unpickle ("archive/data.pkl"), if any
 
 The end-of-central-directory record is read first, so a claimed million entries or a central
-directory beyond the file is refused before `zipfile` builds anything. Members torch reads as
-raw storage bytes (those data.pkl's persistent ids name) are never parsed as pickles; every other
-member that begins with a PROTO opcode is, since nothing but a pickle starts that way in a torch
-archive. Reads are bounded by `ZipLimits`.
+directory beyond the file is refused before `zipfile` builds anything. Bombs are refused from the
+headers, before any byte is inflated: a declared ratio over `ZipLimits.max_ratio`, compressed
+data larger than deflate could produce for the declared size (a lying header), or declared sizes
+past `max_total_bytes`. Members torch reads as raw storage bytes (those data.pkl's persistent
+ids name) are never parsed as pickles; every other member, whatever its name, is read in pieces
+(never past its declared size) and handed to `blob_scan.scan_blob`, which finds pickles of any
+protocol (with or without PROTO), .npy object arrays, nested archives and compressed streams.
+Every zipfile error (bad deflate data, version needed 255, empty names, negative seeks) becomes
+a "corrupt/unreadable" problem.
 
-Known limitations: compressed members are read through zipfile's streaming decompressor, capped
-at `max_pickle_bytes`; a TorchScript archive's code/ is reported, not analysed.
+Known limitations: a TorchScript archive's code/ is reported, not analysed.
 """
 
 from __future__ import annotations
