@@ -18,6 +18,7 @@ cannot be memory-mapped at all; raise memory_limit_gib for those.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -141,7 +142,15 @@ def _count(piece: torch.Tensor) -> tuple[int, int]:
     return int(torch.isnan(piece).sum()), int(torch.isinf(piece).sum())
 
 
-SMALL_ELEMENTS = 1 << 12  # tensors up to this size are checked together, many per torch call
+SMALL_ELEMENTS = 1 << 12
+
+
+@functools.cache
+def _itemsize(dtype_name: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+
+
+# tensors up to this size are checked together, many per torch call
 
 
 def find_nonfinite(
@@ -188,8 +197,44 @@ def find_nonfinite(
             counts = [_count(p) for p in pieces]
             report(path, leaf, sum(c[0] for c in counts), sum(c[1] for c in counts))
 
+    # runs of small file-backed tensors (safetensors): one read and one check per run
+    runs: dict[tuple[int, str], list] = {}  # (reader id, dtype) -> [reader, start, end, [(path, leaf)]]
+
+    def flush_run(key: tuple[int, str]) -> None:
+        run = runs.pop(key, None)
+        if run is None:
+            return
+        reader, start, end, members = run
+        dtype = getattr(torch, key[1])
+        values = torch.frombuffer(bytearray(reader.span(start, end - start)), dtype=dtype)
+        if _count(values) == (0, 0):
+            return
+        for path, leaf in members:  # something in the run (maybe a gap's bytes) is not finite: count exactly
+            counts = [_count(p) for p in _pieces(leaf, chunk_elements)]
+            report(path, leaf, sum(c[0] for c in counts), sum(c[1] for c in counts))
+
     for index, (path, leaf) in enumerate(walk(obj)):
         if not _is_float_leaf(leaf):
+            continue
+        if isinstance(leaf, TensorMeta) and leaf.location is not None and leaf.nbytes <= SMALL_ELEMENTS * 8:
+            reader, offset, nbytes = leaf.location
+            key = (id(reader), leaf.dtype)
+            size = _itemsize(leaf.dtype)
+            run = runs.get(key)
+            if run is not None:
+                gap = offset - run[2]
+                if (
+                    gap < 0
+                    or gap > 4096
+                    or (offset - run[1]) % size
+                    or run[2] - run[1] > chunk_elements * size
+                ):
+                    flush_run(key)
+                    run = None
+            if run is None:
+                runs[key] = run = [reader, offset, offset, []]
+            run[2] = offset + nbytes
+            run[3].append((path, leaf))
             continue
         if progress is not None and index % 64 == 0:
             progress(index, path)
@@ -215,4 +260,6 @@ def find_nonfinite(
         report(path, leaf, nan, inf)
     for dtype in list(batches):
         flush(dtype)
+    for key in list(runs):
+        flush_run(key)
     return found

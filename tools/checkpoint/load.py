@@ -202,6 +202,9 @@ class _SafetensorsReader:
             piece = data[at : min(at + step, start + entry.nbytes)]  # a copy: bytes
             yield torch.frombuffer(bytearray(piece), dtype=dtype)  # (n,)
 
+    def span(self, offset: int, nbytes: int) -> bytes:
+        return self._data()[offset : offset + nbytes]
+
     def read(self, entry: SafeTensorEntry, dtype: torch.dtype) -> torch.Tensor:
         pieces = list(self.chunks(entry, dtype, 1 << 26))
         flat = torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
@@ -221,6 +224,7 @@ def _safetensors_tree(path: Path, header: SafetensorsHeader) -> dict[str, Tensor
             header.source,
             functools.partial(reader.read, entry, dtype),
             functools.partial(reader.chunks, entry, dtype),
+            (reader, header.data_offset + entry.begin, entry.nbytes),
         )
     return out
 

@@ -19,7 +19,7 @@ MAX_DEPTH = 64  # deeper than any real checkpoint; a hostile one stops here
 MAX_NODES = 5_000_000
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorMeta:
     """A tensor described by a header; `read()` materialises it, `chunks(n)` streams it."""
 
@@ -29,9 +29,12 @@ class TensorMeta:
     source: str  # where its bytes live, for messages
     read: Callable[[], Any] | None = None  # -> torch.Tensor
     chunks: Callable[[int], Iterator[Any]] | None = None  # (max elements) -> 1-D torch.Tensor pieces
+    # (reader, absolute offset, nbytes) when the bytes sit contiguously in a file the reader can
+    # slice (`reader.span(offset, nbytes)`): lets NaN/Inf counting read many small tensors at once
+    location: tuple[Any, int, int] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeafInfo:
     shape: tuple[int, ...]
     dtype: str
