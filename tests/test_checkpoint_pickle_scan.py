@@ -256,8 +256,15 @@ def test_plain_data_classes_are_allowed_in_their_own_tier_and_labelled_data():
 
 @pytest.mark.parametrize(
     ("name", "risk"),
-    [("builtins.dict", "data"), ("builtins.int", "data"), ("builtins.len", "unknown"), ("builtins.eval", "code_execution"),
-     ("builtins.getattr", "code_execution"), ("builtins.str.format", "code_execution"), ("posix.system", "code_execution")],
+    [
+        ("builtins.dict", "data"),
+        ("builtins.int", "data"),
+        ("builtins.len", "unknown"),
+        ("builtins.eval", "code_execution"),
+        ("builtins.getattr", "code_execution"),
+        ("builtins.str.format", "code_execution"),
+        ("posix.system", "code_execution"),
+    ],
 )
 def test_risk_labels_say_what_a_global_can_do(name, risk):
     """builtins.dict/int are data, eval/getattr and dotted attribute walks run code, others are unknown."""
