@@ -18,7 +18,9 @@ What is timed is what the verify_checkpoint worker does with the file (tools/che
 the static scan, then, when the scan calls it safe, loading it, the tensor summary, the NaN/Inf
 count and the resume analysis. Peak memory is the child's peak resident set minus its resident
 set after imports (ru_maxrss), so it includes the scan's buffers and the loaded objects.
-Numbers come from a shared, loaded 2-core machine: compare rows of one run, not across runs.
+For the safetensors shape the baseline is `json.loads` of its header alone in the same child (the
+least any reader does); the ratio to it is printed. Numbers come from a shared, loaded 2-core
+machine: compare within one run, not across runs.
 """
 
 from __future__ import annotations
@@ -184,12 +186,21 @@ def measure(path: Path) -> dict:
             verdict += f" (load refused: {str(e)[:60]})"
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = None  # measured last, so its memory does not hide the scan's peak
+    if path.suffix == ".safetensors":  # baseline: only parsing the header JSON, what any reader must do
+        with open(path, "rb") as f:
+            raw = f.read(struct.unpack("<Q", f.read(8))[0])
+        t0 = time.perf_counter()
+        json.loads(raw)
+        baseline = time.perf_counter() - t0
+        del raw
     return {
         "seconds": seconds,
         "scan_seconds": scanned,
         "scan_mib": (scan_peak - base) / 1024,
         "peak_mib": (peak - base) / 1024,
         "verdict": verdict,
+        "baseline_seconds": baseline,
     }
 
 
@@ -236,6 +247,11 @@ def main() -> None:
             f"{name:22} {size:>11} {r['scan_seconds']:>7.2f} {r['scan_mib']:>9.1f} {r['seconds']:>8.2f} "
             f"{r['peak_mib']:>10.1f}  {'yes' if ok else 'NO ':4}  {r['verdict']}"
         )
+        if r["baseline_seconds"]:
+            print(
+                f"{'':22} baseline json.loads of the header alone: {r['baseline_seconds']:.2f} s; the scan takes "
+                f"{r['scan_seconds'] / r['baseline_seconds']:.1f}x that"
+            )
     print(
         f"goal: the scan of each shape under {GOAL_SECONDS} s and {GOAL_MIB} MiB; total adds loading and the "
         "content analysis of files the scan calls safe (machine shared and loaded; see docstring)"

@@ -165,8 +165,10 @@ def _fast_header(raw: bytes) -> tuple[list[tuple[str, Any]], Any] | None:
         return None
     pairs: list[tuple[str, Any]] = []
     append = pairs.append
+    found.reverse()  # popped one by one below, so each match is freed as soon as it is read
     try:
-        for _, name, dtype, shape, begin, end in found:
+        while found:
+            _, name, dtype, shape, begin, end = found.pop()
             text = name.decode("utf-8") if b"\\" not in name else json.loads(b'"' + name + b'"')
             if b"," in shape:
                 dims = [int(d) for d in shape.split(b",")]
@@ -245,7 +247,9 @@ def _finish_header(
             problem("safetensors_bad_metadata", "__metadata__ must map strings to strings")
         else:
             result.metadata = meta
-    for name, spec in pairs:
+    pairs.reverse()  # consumed from the end so each pair is freed once its entry exists
+    while pairs:
+        name, spec = pairs.pop()
         entry = _entry(name, spec, data_size, result)
         if entry is not None:
             result.tensors.append(entry)
