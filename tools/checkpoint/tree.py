@@ -50,7 +50,7 @@ def leaf_info(value: Any) -> LeafInfo | None:
     if module.startswith("torch") and hasattr(value, "untyped_storage"):
         dtype = str(value.dtype).removeprefix("torch.")
         return LeafInfo(tuple(value.shape), dtype, value.numel() * value.element_size(), "torch")
-    if type(value).__name__ == "ndarray" and module.startswith("numpy"):
+    if module.startswith("numpy") and any(c.__name__ == "ndarray" for c in type(value).__mro__):  # memmap too
         return LeafInfo(tuple(value.shape), f"numpy.{value.dtype.name}", int(value.nbytes), "numpy")
     return None
 

@@ -67,7 +67,11 @@ def _static_facts(scan: StaticScan, max_listed: int) -> dict[str, Any]:
         allowed.update(p.globals_used)
     verdict = overall_verdict(scan)
     needs = sorted(n for n, tier in allowed.items() if tier in ("numpy", "data"))
-    target = str(scan.path) if not scan.is_dir else str(scan.path / "<file>")
+    target = str(scan.path)
+    if (
+        scan.is_dir
+    ):  # the recipe names the first file that needs it; files[].needs_safe_globals lists the rest
+        target = next((str(f.path) for f in scan.files if needs_safe_globals(f)), str(scan.path))
     return {
         "format": scan.format if scan.format != "safetensors_index" else "safetensors_sharded",
         "files": [
