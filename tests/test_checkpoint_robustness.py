@@ -218,6 +218,22 @@ def test_corrupt_input_is_a_verdict_naming_what_and_where(tmp_path, case):
     assert INTERNAL not in codes, (case, codes)
 
 
+def test_dcp_metadata_with_fields_of_the_wrong_type_is_bad_metadata(tmp_path):
+    """A real .metadata whose chunk offsets are an int instead of a list is reported, not raised."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    folder = tmp_path / "dcp"
+    dcp_save({"model": TinyNet().state_dict()}, folder)
+    md = pickle.loads((folder / ".metadata").read_bytes())  # our own benign file
+    for meta in md.state_dict_metadata.values():
+        if hasattr(meta, "chunks"):
+            meta.chunks[0] = ChunkStorageMetadata(offsets=5, sizes=7)
+            break
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    verdict, codes = verdict_of(folder)
+    assert verdict == "corrupt" and "dcp_bad_metadata" in codes and INTERNAL not in codes, codes
+
+
 def test_a_malformed_dcp_metadata_file_is_a_verdict(tmp_path):
     """A .metadata that decodes to the wrong shapes is reported as bad metadata, not an exception."""
     folder = tmp_path / "dcp"
@@ -324,3 +340,24 @@ def test_mutated_dcp_folders_never_cause_an_internal_error(tmp_path_factory, dcp
     verdict, codes = verdict_of(folder)
     assert INTERNAL not in codes, codes
     assert verdict in ("safe", "safe_with_allowlist", "unsafe", "corrupt")
+
+
+async def test_a_dcp_item_shorter_than_its_tensor_is_reported_not_a_crash(client):
+    """Metadata promising more bytes than an item holds: a corrupt verdict (or load error), never a crash."""
+    from tests.checkpoint_support import scratch_dir
+
+    folder = scratch_dir("dcp-short") / "ckpt"
+    dcp_save({"model": TinyNet().state_dict()}, folder)
+    md = pickle.loads((folder / ".metadata").read_bytes())  # our own benign file
+    for index, info in md.storage_data.items():
+        if index.fqn.endswith("weight"):
+            md.storage_data[index] = type(info)(
+                info.relative_path, info.offset, 8, info.transform_descriptors
+            )
+            break
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    r = await client.call_tool("verify_checkpoint", {"path": str(folder)})
+    assert not r.is_error, r.content
+    result = r.structured_content
+    said_corrupt = result["verdict"] == "corrupt" or "corrupt/unreadable" in (result["load_error"] or "")
+    assert said_corrupt and not result["safe"] or result["load_error"], result["summary"]

@@ -528,7 +528,17 @@ def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> St
             )
         )
     for folder in sorted(dcp_folders):
-        dcp = scan_dcp_dir(folder, policy)
+        try:
+            dcp = scan_dcp_dir(folder, policy)
+        except (OSError, ValueError, RecursionError, MemoryError) as e:
+            result.problems.append(
+                Problem(
+                    "unreadable_dcp",
+                    str(folder),
+                    f"corrupt/unreadable DCP checkpoint: {type(e).__name__}: {e}",
+                )
+            )
+            continue
         prefix = "" if folder == root else f"{folder.relative_to(root)}/"
         if folder == root:
             result.dcp = dcp

@@ -19,7 +19,7 @@ from tools.checkpoint.scan import FileScan, StaticScan
 
 CORRUPT_CODES = frozenset(
     """corrupt_zip corrupt_tar corrupt_npy corrupt_compressed unreadable_file unreadable_folder
-    unparseable_pickle empty_file unknown_format file_not_mappable npy_truncated dcp_bad_metadata
+    unparseable_pickle empty_file unknown_format file_not_mappable npy_truncated dcp_bad_metadata unreadable_dcp
     safetensors_truncated safetensors_bad_header safetensors_bad_entry safetensors_bad_dtype
     safetensors_bad_shape safetensors_bad_offsets safetensors_offsets_beyond_file safetensors_size_mismatch
     safetensors_header_beyond_file safetensors_bad_metadata zip_size_beyond_file zip_size_mismatch

@@ -305,8 +305,14 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
     scanned = False
     if loaded is not None and request.scan_nonfinite:
         job.progress(2, 4, "counting NaN/Inf")
-        nonfinite = find_nonfinite(obj, loaded.mapped_file, request.max_listed)
-        scanned = True
+        try:
+            nonfinite = find_nonfinite(obj, loaded.mapped_file, request.max_listed)
+            scanned = True
+        except (CheckpointLoadError, OSError, RuntimeError, ValueError) as e:
+            # tensor bytes the headers promised but the file does not hold (a DCP item or range cut short)
+            load_error = (
+                f"corrupt/unreadable tensor data while counting NaN/Inf: {type(e).__name__}: {str(e)[:400]}"
+            )
     key_mismatch = None
     run_result = None
     model_params = None
