@@ -6,8 +6,8 @@ Run from the repository root (each shape is measured in a fresh child process):
     python bench/scan_cost.py --only bomb     # one shape
 
 Shapes, each built in a temporary folder before timing starts:
-- `zip_bomb`: a ~1 MB torch-style zip whose one deflated member expands to 2 GiB of zeros (header
-  declares it honestly) and a twin whose header lies about the expanded size.
+- `zip_bomb`: a ~2 MB torch-style zip whose member `extra.pkl` (a PROTO opcode, then zeros)
+  inflates to 2 GiB (its header says so), and a twin whose header claims 1 MiB.
 - `self_list`: a ~600-byte pickle of a list that holds itself a couple of hundred times.
 - `billion_laughs`: a list of 10 references to a list of 10 references ... 9 levels deep
   (10^9 paths through memo reuse, a few hundred bytes).
@@ -45,26 +45,29 @@ GOAL_SECONDS = 2.0
 GOAL_MIB = 256
 
 
-def _deflated_zeros(total: int) -> tuple[bytes, int]:
+def _deflated_pickle_bomb(total: int) -> tuple[bytes, int]:
+    """Deflate of a PROTO 2 header then zeros, `total` bytes in all: (compressed bytes, crc32)."""
     comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = b"\x80\x02"
     chunk = bytes(1 << 24)
-    parts = [comp.compress(chunk) for _ in range(total // len(chunk))]
+    parts, crc = [comp.compress(head)], zlib.crc32(head)
+    left = total - len(head)
+    while left > 0:
+        piece = chunk[: min(len(chunk), left)]
+        parts.append(comp.compress(piece))
+        crc = zlib.crc32(piece, crc)
+        left -= len(piece)
     parts.append(comp.flush())
-    data = b"".join(parts)
-    return data, zlib.crc32(bytes(0))  # crc is checked only at the end of a full read
+    return b"".join(parts), crc
 
 
 def build_zip_bomb(path: Path, lie: bool) -> None:
-    """A zip with data.pkl and one deflated member of 2 GiB of zeros, written by hand (no 2 GiB in memory)."""
+    """A zip with data.pkl and a member `extra.pkl` that inflates to 2 GiB, written by hand (never held inflated)."""
     total = 2 << 30
-    payload, _ = _deflated_zeros(total)
-    crc = 0
-    zero = bytes(1 << 24)
-    for _ in range(total // len(zero)):
-        crc = zlib.crc32(zero, crc)
+    payload, crc = _deflated_pickle_bomb(total)
     members = [
         ("archive/data.pkl", pickle.dumps({"a": 1}, protocol=2), 0, None),
-        ("archive/data/0", payload, 8, (crc, total)),
+        ("archive/extra.pkl", payload, 8, (crc, total)),
     ]
     out = bytearray()
     central = bytearray()
