@@ -399,6 +399,16 @@ def _benign(root: Path) -> list[Sample]:
         root / "lightning.ckpt",
     )
     add("Lightning layout", "lightning_namespace_hparams", root / "lightning.ckpt")
+    try:  # Lightning/Hydra runs keep OmegaConf hyper-parameters in the checkpoint
+        from omegaconf import OmegaConf
+
+        hp = OmegaConf.create({"model": {"hidden": 16, "layers": [1, 2]}, "lr": 1e-3, "name": "run"})
+        torch.save(
+            {"epoch": 1, "state_dict": net.state_dict(), "hyper_parameters": hp}, root / "omegaconf.ckpt"
+        )
+        add("Lightning layout", "lightning_omegaconf_hparams", root / "omegaconf.ckpt")
+    except ImportError:
+        pass
     try:
         from safetensors.torch import save_file
 

@@ -258,8 +258,8 @@ class Policy:
             return "torch"
         if self.numpy and qualified in NUMPY_DATA:
             return "numpy"
+        if self.dcp and qualified in DCP_METADATA:  # read with stand-ins, never torch.load: no recipe needed
+            return "dcp"
         if self.data_classes and qualified in HARMLESS_DATA:
             return "data"
-        if self.dcp and qualified in DCP_METADATA:
-            return "dcp"
         return None
