@@ -1,74 +1,111 @@
-"""Detection, false alarms and scan speed: verify_checkpoint's static scan next to picklescan.
+"""Detections, misses and false alarms: verify_checkpoint's static scan next to picklescan, fickling and modelscan.
 
 Run from the repository root:
 
-    python bench/scan_compare.py                # corpus + two large files, 5 timing repeats
-    python bench/scan_compare.py --repeat 3 --large-mib 64 --out bench/results/scan_compare.md
+    python bench/scan_compare.py                          # installs the peers into a temporary folder
+    python bench/scan_compare.py --scanners-dir /tmp/scanners --out bench/results/scan_compare.md
 
-It builds the test corpus (tests/fixtures/checkpoint_corpus.py: malicious samples, each of which
-would change a sentinel file if loaded, and benign checkpoints of every supported kind) in a
-temporary folder, installs picklescan from PyPI into another temporary folder with
-`pip install --target` (it is not a project dependency), and scans every sample with both tools
-in this one process. A malicious sample counts as detected when the tool reports it unsafe
-(ours: `safe` is false; picklescan: at least one dangerous global, with and without --strict;
-its scan errors are counted apart). A benign sample flagged the same way is a false alarm.
-Throughput is total bytes over the median wall time of `--repeat` full passes; the large-file
-table shows what each tool costs on a big torch zip and a big plain pickle of numpy arrays.
+Samples: the test corpus (tests/fixtures/checkpoint_corpus.py: live payloads, each proven to run
+when loaded the usual way, and benign checkpoints of every supported kind) plus
+bench/public_corpus.py (attack families regenerated from the public test suites of picklescan,
+fickling and modelscan, known bypasses, and benign files written by torch, numpy, safetensors,
+transformers, accelerate and DCP when installed). A malicious sample counts as detected when the
+scanner does not call it safe: ours, when the verdict is unsafe or corrupt; picklescan, when it
+reports a dangerous global; fickling, when `is_likely_safe` is false (or it fails); modelscan,
+when it lists an issue. A benign sample flagged that way is a false alarm (TorchScript and pickled
+whole modules are allowed to be flagged; none are in the benign set). Scanner errors are counted
+apart and, for a malicious sample, an error without a finding is a miss.
 
-Only the static scan is timed for our tool (torch_skills.checkpoint.scan.scan_path), the part that
-compares with picklescan; verify_checkpoint also loads safe files and checks their contents.
-If picklescan cannot be installed (no network), the script says so and reports our numbers alone.
+The peers are the optional extra `scanners` (`pip install picklescan fickling modelscan`); each
+runs in its own child process with the install folder on its path, so its dependencies never mix
+with this process's. Missing peers are skipped with a note. Times are for the whole sample set in
+one process per scanner (imports excluded), on a shared, loaded machine: compare within one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
-import os
-import pickle
-import statistics
+import json
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.fixtures.checkpoint_corpus import Corpus, build_corpus  # noqa: E402
-from torch_skills.checkpoint.scan import scan_path  # noqa: E402
+from bench.public_corpus import build_public_corpus  # noqa: E402
+from tests.fixtures.checkpoint_corpus import build_corpus  # noqa: E402
 
-Scanner = Callable[[Path], tuple[bool, bool]]  # path -> (flagged, scan error)
+PEERS = ("picklescan", "fickling", "modelscan")
+
+# Runs in a child process: python -c DRIVER SCANNER PATHS.json OUT.json
+DRIVER = r"""
+import json, sys, time, logging, os
+from pathlib import Path
+logging.disable(logging.CRITICAL)
+scanner, paths, out = sys.argv[1], json.loads(Path(sys.argv[2]).read_text()), sys.argv[3]
+
+def files(p):
+    p = Path(p)
+    return [f for f in sorted(p.rglob("*")) if f.is_file()] if p.is_dir() else [p]
+
+if scanner == "picklescan":
+    from picklescan import scanner as ps
+    def scan(p):
+        r = ps.scan_directory_path(p) if Path(p).is_dir() else ps.scan_file_path(p)
+        return r.issues_count > 0, bool(r.scan_err)
+elif scanner == "fickling":
+    import fickling
+    def scan(p):
+        flagged, err = False, False
+        for f in files(p):
+            try:
+                flagged |= not fickling.is_likely_safe(str(f))
+            except Exception:
+                err = True
+        return flagged, err
+elif scanner == "modelscan":
+    from modelscan.modelscan import ModelScan
+    def scan(p):
+        r = ModelScan().scan(p)
+        return bool(r.get("issues")), bool(r.get("errors"))
+results, started = {}, time.perf_counter()
+for p in paths:
+    try:
+        results[p] = scan(p)
+    except Exception as e:
+        results[p] = (False, True)
+Path(out).write_text(json.dumps({"results": results, "seconds": time.perf_counter() - started}))
+"""
 
 
 @dataclass
 class Tally:
     name: str
     detected: int = 0
-    detected_or_error: int = 0
-    false_alarms: int = 0
     errors: int = 0
+    false_alarms: int = 0
     missed: list[str] = field(default_factory=list)
     alarms: list[str] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    by_family: dict[str, list[int]] = field(default_factory=dict)  # family -> [detected, total]
 
 
-def size_of(path: Path) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
+def ours(paths: list[str]) -> tuple[dict[str, tuple[bool, bool]], float]:
+    from torch_skills.checkpoint.scan import scan_path
+    from torch_skills.checkpoint.verdict import overall_verdict
+
+    results, started = {}, time.perf_counter()
+    for p in paths:
+        verdict = overall_verdict(scan_path(p))
+        results[p] = (verdict in ("unsafe", "corrupt"), False)
+    return results, time.perf_counter() - started
 
 
-def ours(path: Path) -> tuple[bool, bool]:
-    return (not scan_path(path).safe, False)
-
-
-def install_picklescan(target: Path):
-    """picklescan.scanner from a private --target install, or None with the reason printed."""
+def install_peers(target: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -78,112 +115,71 @@ def install_picklescan(target: Path):
         "--disable-pip-version-check",
         "--target",
         str(target),
-        "picklescan",
+        *PEERS,
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        print(
-            f"picklescan could not be installed ({done.stderr.strip()[-300:]}); reporting verify_checkpoint only."
-        )
-        return None, None
-    sys.path.insert(0, str(target))
-    scanner = importlib.import_module("picklescan.scanner")
-    version = next(
-        (p.name.removesuffix(".dist-info").split("-")[1] for p in target.glob("picklescan-*.dist-info")), "?"
+        print(f"peers could not be installed ({done.stderr.strip()[-300:]})")
+
+
+def run_peer(name: str, paths: list[str], scanners_dir: Path, tmp: Path) -> tuple[dict, float] | None:
+    if not (scanners_dir / name).exists():
+        print(f"{name} is not installed in {scanners_dir}; skipped")
+        return None
+    listing, out = tmp / f"{name}-paths.json", tmp / f"{name}-out.json"
+    listing.write_text(json.dumps(paths))
+    env = {"PYTHONPATH": f"{scanners_dir}", "PATH": "/usr/bin:/bin", "HOME": str(tmp)}
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, name, str(listing), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
-    logging.getLogger("picklescan").setLevel(logging.CRITICAL)
-    return scanner, version
+    if done.returncode != 0 or not out.exists():
+        print(f"{name} failed to run: {done.stderr.strip()[-400:]}")
+        return None
+    data = json.loads(out.read_text())
+    return {p: tuple(v) for p, v in data["results"].items()}, data["seconds"]
 
 
-def picklescan_scanner(module, strict: bool) -> Scanner:
-    def scan(path: Path) -> tuple[bool, bool]:
-        try:
-            if path.is_dir():
-                result = module.scan_directory_path(str(path), strict=strict)
-            else:
-                result = module.scan_file_path(str(path), strict=strict)
-        except Exception:  # a crash on a hostile file is an error, not a detection
-            return False, True
-        return result.issues_count > 0, bool(result.scan_err)
-
-    return scan
-
-
-def tally(name: str, scan: Scanner, corpus: Corpus, repeat: int) -> Tally:
-    t = Tally(name)
-    for sample in corpus.samples:
-        flagged, error = scan(sample.path)
+def tally(name: str, results: dict, seconds: float, malicious: list, benign: list) -> Tally:
+    t = Tally(name, seconds=seconds)
+    for family, label, path in malicious:
+        flagged, error = results[str(path)]
         t.errors += error
-        if sample.malicious:
-            t.detected += flagged
-            t.detected_or_error += flagged or error
-            if not flagged:
-                t.missed.append(sample.name)
-        elif flagged:
+        t.detected += flagged
+        fam = t.by_family.setdefault(family, [0, 0])
+        fam[0] += flagged
+        fam[1] += 1
+        if not flagged:
+            t.missed.append(label)
+    for _, label, path in benign:
+        flagged, error = results[str(path)]
+        t.errors += error
+        if flagged:
             t.false_alarms += 1
-            t.alarms.append(sample.name)
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for sample in corpus.samples:
-            scan(sample.path)
-        t.seconds.append(time.perf_counter() - start)
+            t.alarms.append(label)
     return t
 
 
-def large_files(folder: Path, mib: int) -> list[tuple[str, Path]]:
-    """A big torch.save zip and a big protocol-4 pickle of numpy arrays (both benign)."""
-    import numpy as np
-    import torch
-
-    folder.mkdir(parents=True, exist_ok=True)
-    n = max(1, mib // 4)
-    zip_path = folder / "large_state_dict.pt"
-    torch.save({f"layer{i}.weight": torch.zeros(1024, 1024) for i in range(n)}, zip_path)  # 4 MiB each
-    pkl_path = folder / "large_numpy.pkl"
-    pkl_path.write_bytes(
-        pickle.dumps({f"a{i}": np.zeros((1024, 1024), dtype=np.float32) for i in range(n)}, protocol=4)
-    )
-    return [("torch zip", zip_path), ("numpy pickle", pkl_path)]
-
-
-def time_one(scan: Scanner, path: Path, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        scan(path)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def render(
-    corpus: Corpus, tallies: list[Tally], large: list[tuple[str, Path, list[float]]], names: list[str]
-) -> str:
-    n_bad, n_good = len(corpus.malicious), len(corpus.benign)
-    total = sum(size_of(s.path) for s in corpus.samples)
+def render(tallies: list[Tally], malicious: list, benign: list) -> str:
+    n_bad, n_good = len(malicious), len(benign)
+    families = sorted({f for f, _, _ in malicious})
     lines = [
-        f"Corpus: {n_bad} malicious samples ({len({s.family for s in corpus.malicious})} families), "
-        f"{n_good} benign checkpoints, {total / 2**20:.2f} MiB, {len(corpus.samples)} paths.",
+        f"Samples: {n_bad} malicious in {len(families)} families, {n_good} benign files/folders.",
         "",
-        "| scanner | detected | detection rate | incl. scan errors | false alarms | false-alarm rate | scan errors | corpus scan (median) | MiB/s | paths/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scanner | detected | missed | false alarms | scanner errors | seconds (all samples) |",
+        "|---|---|---|---|---|---|",
     ]
     for t in tallies:
-        median = statistics.median(t.seconds)
         lines.append(
-            f"| {t.name} | {t.detected}/{n_bad} | {t.detected / n_bad:.1%} | {t.detected_or_error}/{n_bad} | "
-            f"{t.false_alarms}/{n_good} | {t.false_alarms / n_good:.1%} | {t.errors} | {median * 1e3:.1f} ms | "
-            f"{total / 2**20 / median:.1f} | {len(corpus.samples) / median:.0f} |"
+            f"| {t.name} | {t.detected}/{n_bad} | {n_bad - t.detected} | {t.false_alarms}/{n_good} | {t.errors} | {t.seconds:.1f} |"
         )
-    base = statistics.median(tallies[0].seconds)
-    lines.append("")
-    for t in tallies[1:]:
-        ratio = base / statistics.median(t.seconds)
-        lines.append(f"verify_checkpoint takes {ratio:.2f}x the corpus scan time of {t.name}.")
-    if large:
-        lines += ["", "| large file | size | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        for label, path, seconds in large:
-            cells = " | ".join(f"{s * 1e3:.1f} ms ({size_of(path) / 2**20 / s:.0f} MiB/s)" for s in seconds)
-            lines.append(f"| {label} | {size_of(path) / 2**20:.0f} MiB | {cells} |")
+    lines += ["", "| family | " + " | ".join(t.name for t in tallies) + " |", "|---|" + "---|" * len(tallies)]
+    for fam in families:
+        cells = " | ".join(f"{t.by_family[fam][0]}/{t.by_family[fam][1]}" for t in tallies)
+        lines.append(f"| {fam} | {cells} |")
     lines.append("")
     for t in tallies:
         lines.append(f"{t.name} missed: {', '.join(t.missed) or 'none'}")
@@ -193,28 +189,30 @@ def render(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeat", type=int, default=5, help="timing passes (the median is reported)")
-    p.add_argument("--large-mib", type=int, default=256, help="size of each large file; 0 skips them")
+    p.add_argument(
+        "--scanners-dir", type=Path, default=None, help="where picklescan/fickling/modelscan are installed"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the tables to this file")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="scan-compare-") as tmp:
-        corpus = build_corpus(Path(tmp) / "corpus")
-        module, version = install_picklescan(Path(tmp) / "picklescan")
-        scanners: list[tuple[str, Scanner]] = [("verify_checkpoint", ours)]
-        if module is not None:
-            scanners += [
-                (f"picklescan {version}", picklescan_scanner(module, strict=False)),
-                (f"picklescan {version} --strict", picklescan_scanner(module, strict=True)),
-            ]
-        tallies = [tally(name, scan, corpus, args.repeat) for name, scan in scanners]
-        untouched = not any(s.executed() for s in corpus.malicious)
-        large = []
-        if args.large_mib > 0:
-            for label, path in large_files(Path(tmp) / "large", args.large_mib):
-                large.append((label, path, [time_one(scan, path, args.repeat) for _, scan in scanners]))
-        text = render(corpus, tallies, large, [name for name, _ in scanners])
-        text += f"\nNo payload ran during the scans (every sentinel untouched): {untouched}"
-        text += f"\nPython {sys.version.split()[0]}, {os.cpu_count()} CPUs; times are medians of {args.repeat} passes."
+    with tempfile.TemporaryDirectory(prefix="scan-compare-") as tmp_name:
+        tmp = Path(tmp_name)
+        corpus = build_corpus(tmp / "corpus")
+        public_bad, public_good = build_public_corpus(tmp / "public")
+        malicious = [(f"test corpus: {s.family}", s.name, s.path) for s in corpus.malicious] + public_bad
+        benign = [("test corpus", s.name, s.path) for s in corpus.benign] + public_good
+        paths = [str(path) for _, _, path in malicious + benign]
+        scanners_dir = args.scanners_dir
+        if scanners_dir is None:
+            scanners_dir = tmp / "scanners"
+            install_peers(scanners_dir)
+        results, seconds = ours(paths)
+        tallies = [tally("verify_checkpoint", results, seconds, malicious, benign)]
+        for name in PEERS:
+            got = run_peer(name, paths, scanners_dir, tmp)
+            if got is not None:
+                tallies.append(tally(name, got[0], got[1], malicious, benign))
+        text = render(tallies, malicious, benign)
+        text += f"\nNo test-corpus payload ran during the scans: {not any(s.executed() for s in corpus.malicious)}"
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

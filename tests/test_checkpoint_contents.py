@@ -227,6 +227,20 @@ def test_safetensors_tensors_are_streamed_from_the_file(tmp_path):
     torch.testing.assert_close(loaded.obj["w"].read(), w, rtol=0, atol=0, equal_nan=True)
 
 
+def test_many_small_tensors_are_checked_in_runs_with_exact_counts(tmp_path):
+    """Runs of small safetensors tensors are read at once; a NaN/Inf inside is still counted per tensor."""
+    tensors = {}
+    for i in range(300):
+        tensors[f"f{i:03d}"] = torch.full((3,), float(i))
+        tensors[f"i{i:03d}"] = torch.tensor([-1, 0x7FC00000], dtype=torch.int32)  # NaN bit patterns as ints
+    tensors["f150"][1] = float("nan")
+    tensors["f151"][:] = float("inf")
+    path = tmp_path / "many.safetensors"
+    write_safetensors(path, tensors)
+    found = find_nonfinite(load_checkpoint(scan_path(path)).obj)
+    assert sorted((f.name, f.nan, f.inf) for f in found) == [("f150", 1, 0), ("f151", 0, 3)]
+
+
 def test_sparse_and_meta_tensors_are_counted_but_not_read(tmp_path):
     """Tensors without dense storage load safely and are skipped by the NaN scan."""
     path = tmp_path / "odd.pt"

@@ -296,3 +296,35 @@ def test_a_data_pkl_torch_would_read_differently_is_a_parser_disagreement(tmp_pa
     assert cross_check_zip(file) == []
     file.zip.data_pkl_sha256 = "0" * 64  # what a scanner-targeted archive would make zipfile return
     assert [p.code for p in cross_check_zip(file)] == ["zip_parser_disagreement"]
+
+
+HEADER_LAYOUTS = {
+    "compact": b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I64","shape":[],"data_offsets":[8,16]}}',
+    "spaced_with_metadata": b'{"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2, 1], "data_offsets": [0, 8]}}',
+    "escaped_and_unicode_names": '{"a\\"q\\u00e9": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "\u00fc": {"dtype": "U8", "shape": [8], "data_offsets": [8, 16]}}'.encode(),
+    "metadata_last": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {"k": "v"}}',
+    "other_key_order": b'{"a": {"shape": [2], "dtype": "F32", "data_offsets": [0, 8]}}',
+    "duplicate_name": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}',
+    "lying_size": b'{"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}',
+    "leading_zero": b'{"a": {"dtype": "F32", "shape": [02], "data_offsets": [0, 8]}}',
+}
+
+
+@pytest.mark.parametrize("layout", sorted(HEADER_LAYOUTS))
+def test_the_fast_header_path_agrees_with_the_json_parser(tmp_path, monkeypatch, layout):
+    """Every layout gives the same tensors and problems whether or not the fast pattern path takes it."""
+    from torch_skills.checkpoint import safetensors_format as sf
+
+    raw = HEADER_LAYOUTS[layout]
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
+    if layout in ("compact", "spaced_with_metadata", "escaped_and_unicode_names", "lying_size"):
+        assert sf._fast_header(raw) is not None  # the usual layouts do take the fast path
+    fast = sf.read_safetensors_header(path)
+    monkeypatch.setattr(sf, "_fast_header", lambda raw: None)
+    slow = sf.read_safetensors_header(path)
+    as_tuples = lambda h: [(t.name, t.dtype, t.shape, t.begin, t.end) for t in h.tensors]  # noqa: E731
+    assert as_tuples(fast) == as_tuples(slow)
+    assert [p.code for p in fast.problems] == [p.code for p in slow.problems]
+    assert fast.metadata == slow.metadata

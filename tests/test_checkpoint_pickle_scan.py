@@ -236,12 +236,41 @@ def test_numpy_data_is_allowed_only_with_the_numpy_tier():
 
 
 def test_unknown_classes_are_unsafe_but_labelled_unknown_risk():
-    """argparse.Namespace is refused by weights_only; it is unsafe with risk 'unknown'."""
+    """A user's own class is refused by weights_only; it is unsafe with risk 'unknown', not 'code execution'."""
+    data = PROTO2 + glob("mypkg.config", "TrainConfig") + b")\x81" + EMPTY_DICT + BUILD + STOP
+    scan = scan_pickle(data, "cfg.pkl")
+    [ref] = [u for u in scan.unsafe if u.qualified == "mypkg.config.TrainConfig"]
+    assert ref.risk == "unknown" and "weights_only" in ref.reason
+
+
+def test_plain_data_classes_are_allowed_in_their_own_tier_and_labelled_data():
+    """argparse.Namespace is in the data tier; with that tier off it is unsafe with risk 'data'."""
     import argparse
 
-    scan = scan_pickle(pickle.dumps(argparse.Namespace(lr=0.1), protocol=2), "args.pkl")
+    data = pickle.dumps(argparse.Namespace(lr=0.1), protocol=2)
+    assert scan_pickle(data, "args.pkl").globals_used == {"argparse.Namespace": "data"}
+    scan = scan_pickle(data, "args.pkl", Policy(data_classes=False))
     [ref] = [u for u in scan.unsafe if u.qualified == "argparse.Namespace"]
-    assert ref.risk == "unknown" and "weights_only" in ref.reason
+    assert ref.risk == "data" and not scan.safe
+
+
+@pytest.mark.parametrize(
+    ("name", "risk"),
+    [
+        ("builtins.dict", "data"),
+        ("builtins.int", "data"),
+        ("builtins.len", "unknown"),
+        ("builtins.eval", "code_execution"),
+        ("builtins.getattr", "code_execution"),
+        ("builtins.str.format", "code_execution"),
+        ("posix.system", "code_execution"),
+    ],
+)
+def test_risk_labels_say_what_a_global_can_do(name, risk):
+    """builtins.dict/int are data, eval/getattr and dotted attribute walks run code, others are unknown."""
+    from torch_skills.checkpoint.allowlist import risk_of
+
+    assert risk_of(name) == risk
 
 
 def test_ordered_dict_state_and_shared_storages_stay_safe():

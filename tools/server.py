@@ -343,13 +343,11 @@ def _register_route(mcp: MCPServer, pack: SkillPack) -> None:
         """Say which PyTorch skill to read for a symptom or error, the one question to ask first, or that the
         question is out of scope.
 
-        Returns `status`: "routed" (read `skills` in order, the first is where to start; run `tools` on
-        the user's code), "clarify" (the post names no symptom: ask the user `clarify`, then route again
-        with the answer) or "out_of_scope" (not PyTorch engineering, e.g. TensorFlow/Keras, JAX, pandas,
-        scikit-learn, driver or CUDA installs, ML theory, general Python: tell the user `reason`; no skill
-        applies). Also the router phrases that matched (`evidence`), a `confidence`, and `ignored_lines`
-        (pasted collect_env or issue-template lines not used as evidence). Pass the user's words
-        verbatim, pasted errors and environment dumps included."""
+        `status`: "routed" (read `skills` in order; run `tools` on the user's code), "clarify" (no
+        symptom named: ask the user `clarify`, then route again) or "out_of_scope" (not PyTorch
+        engineering, e.g. TensorFlow, JAX, pandas, scikit-learn, driver installs, ML theory: tell the
+        user `reason`). Also `evidence` (matched router phrases), `confidence` and `ignored_lines`
+        (pasted collect_env or issue-template lines). Pass the user's words verbatim."""
         return router.route(query)
 
 
@@ -435,16 +433,16 @@ to read for the fix.""",
         hidden=("loss", "max_listed"),
         description="""Is this checkpoint safe to load, complete for resuming, and does it fit my model?
 
-Never executes the file: every pickle in it (torch zip, legacy torch, plain pickle, DCP
-.metadata) is disassembled statically and each global it would import is checked against what
-torch.load(weights_only=True) allows; anything else (os.system, exec, gadget chains, names
-computed at load time, broken pickles) makes `safe` false, with file and byte offset. Hostile
-structure (truncated zips, '..' members, sizes beyond the file, lying safetensors headers) is
-reported too. Only a safe file is opened (weights_only=True, mmap; safetensors by offset):
-tensor count, bytes, dtypes, NaN/Inf counts, which resume pieces are present (model,
-optimizer, scheduler, grad scaler, epoch/step, RNG states, sampler), optimizer consistency.
-With `model`: compares keys and shapes, finds the prefix fix (module., _orig_mod., ...) and
-can load strictly and run a forward.""",
+Never executes the file: every pickle reachable from the path (any zip or tar member, .pt2
+nested archives, .npy/.npz object arrays, compressed joblib, legacy torch, DCP .metadata, every
+file of a folder) is read statically, FRAMEs as CPython reads them, and each global it would
+import is checked. `verdict`: safe; safe_with_allowlist (only data classes such as Namespace,
+datetime, OmegaConf, TrainingArguments; `allowlist_recipe` gives the safe_globals code);
+unsafe (os.system, exec, gadget chains, bombs...) with file and byte offset; or corrupt; folders
+get one per file. Loadable files are opened (weights_only=True, mmap): tensors, bytes, dtypes,
+NaN/Inf, resume pieces present (model, optimizer, scheduler, scaler, step, RNG states,
+sampler), optimizer consistency. With `model`: keys and shapes compared (tied and renamed keys
+as load_state_dict/from_pretrained treat them), the prefix fix found, optionally loaded and run.""",
     ),
     TorchTool(
         name="estimate_memory",

@@ -21,7 +21,8 @@ nullability, the shared `$defs`) and drop the prose: no model reads an output sc
 pass a tool to a model as name, description and input schema) and field descriptions were 40%
 of tools/list; they stay in the result models. `required` goes too: every result is a full dump
 of its pydantic model, so every property is always present and the lists only cost bytes. Titles
-derived from field names, defaults, `anyOf: [X, null]` (written `type: [X, "null"]`) and the
+derived from field names, defaults, `anyOf: [X, null]` (written `type: [X, "null"]`, or `null` as one
+more `enum` value) and the
 `type` beside an `enum` go as well.
 """
 
@@ -145,6 +146,9 @@ def _compact(node: Any) -> Any:
         if isinstance(other.get("type"), str):
             del out["anyOf"]
             out = {**other, **out, "type": [other["type"], "null"]}
+        elif set(other) == {"enum"}:  # a nullable choice: null is one more value
+            del out["anyOf"]
+            out = {**out, "enum": [*other["enum"], None]}
     return out
 
 

@@ -14,8 +14,10 @@ SCENARIOS: list[Scenario] = [
         arguments={"path": f"{FILES}_payload.pkl"},
         expect=[
             Expect("safe", "eq", False),
+            Expect("verdict", "eq", "unsafe"),
             Expect("loaded", "eq", False),
             Expect("unsafe_globals[*].qualified", "contains", "builtins.exec"),
+            Expect("unsafe_globals[0].risk", "eq", "code_execution"),
             Expect("unsafe_globals[0].called_at", "not_null"),
             Expect("findings[*].code", "contains", "unsafe_global"),
         ],
@@ -72,6 +74,7 @@ SCENARIOS: list[Scenario] = [
         expect=[
             Expect("format", "eq", "safetensors"),
             Expect("safe", "eq", True),
+            Expect("verdict", "eq", "safe"),
             Expect("nonfinite_tensors[*].name", "eq", ["fc1.weight"]),
             Expect("nonfinite_tensors[0].nan", "eq", 1),
         ],

@@ -18,12 +18,24 @@ Tiers:
   torch 2.13 refuses them unless the caller passes them to `torch.serialization.safe_globals`,
   which is what the tool does after the scan; they only build arrays from bytes. Off with
   `Policy(numpy=False)`.
+- `HARMLESS_DATA`: classes that only hold data and that torch.load(weights_only=True) still
+  refuses by default: argparse.Namespace (timm's `args`, Lightning hparams), datetime, pathlib
+  paths, collections.defaultdict/deque, the plain builtin types when named as globals (a
+  `defaultdict(list)` names `builtins.list`), OmegaConf's containers and nodes (Lightning/Hydra
+  hparams), Lightning's AttributeDict, `torch.torch_version.TorchVersion`, and Hugging Face's
+  `TrainingArguments` with the enums and state records it pickles (read from what transformers
+  5.x and accelerate write into `training_args.bin`). Unpickling them builds a record: no file,
+  process or import side effect. The file is then "safe to load with an allowlist": the worker
+  loads it with weights_only=True inside `torch.serialization.safe_globals([...])` naming
+  exactly the classes it uses, and the result carries that recipe. Off with
+  `Policy(data_classes=False)`.
 - `DCP_METADATA`: the dataclasses torch.distributed.checkpoint writes into its `.metadata` pickle
   (plus `pathlib.PosixPath` for `StorageMeta.checkpoint_id`); allowed only when scanning a DCP
   `.metadata` file, which the tool reads with stand-in classes, never the real ones.
 
-Known limitations: a global that is harmless but not listed (argparse.Namespace, a user's config
-class) is unsafe here, as it is for weights_only loading; the finding names it.
+Known limitations: a global that is harmless but not listed (a user's own config class or enum)
+is unsafe here, as it is for weights_only loading; the finding names it and says its risk is
+unknown rather than code execution.
 """
 
 from __future__ import annotations
@@ -31,8 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Tier = Literal["torch", "numpy", "dcp"]
-Risk = Literal["code_execution", "unknown"]
+Tier = Literal["torch", "numpy", "data", "dcp"]
+Risk = Literal["code_execution", "data", "unknown"]
 
 
 def words(text: str) -> list[str]:
@@ -111,6 +123,62 @@ NUMPY_DATA: frozenset[str] = frozenset(
     + [f"numpy.dtypes.{c}DType" for c in _NUMPY_DTYPE_CLASSES]
 )
 
+_PATHS = words("Path PosixPath WindowsPath PurePath PurePosixPath PureWindowsPath")
+_OMEGACONF = words(
+    "dictconfig.DictConfig listconfig.ListConfig base.ContainerMetadata base.Metadata nodes.AnyNode "
+    "nodes.StringNode nodes.IntegerNode nodes.FloatNode nodes.BooleanNode nodes.BytesNode nodes.PathNode "
+    "nodes.EnumNode nodes.ValueNode"
+)
+# Plain data records; see the module docstring. Each builds an object from its arguments/state only.
+HARMLESS_DATA: frozenset[str] = frozenset(
+    [
+        "argparse.Namespace",
+        "collections.defaultdict",
+        "collections.deque",
+        "collections.OrderedDict",
+        "collections.Counter",
+        "datetime.datetime",
+        "datetime.date",
+        "datetime.time",
+        "datetime.timedelta",
+        "datetime.timezone",
+        "decimal.Decimal",
+        "fractions.Fraction",
+        "uuid.UUID",
+        "typing.Any",  # OmegaConf records ref_type=Any
+        "torch.torch_version.TorchVersion",
+        "lightning.fabric.utilities.data.AttributeDict",
+        "lightning_fabric.utilities.data.AttributeDict",
+        "pytorch_lightning.utilities.parsing.AttributeDict",
+        "transformers.training_args.TrainingArguments",
+        "transformers.training_args.OptimizerNames",
+        "transformers.trainer_pt_utils.AcceleratorConfig",
+        "transformers.trainer_utils.HubStrategy",
+        "transformers.trainer_utils.IntervalStrategy",
+        "transformers.trainer_utils.SaveStrategy",
+        "transformers.trainer_utils.SchedulerType",
+        "transformers.trainer_utils.FSDPOption",
+        "transformers.debug_utils.DebugOption",
+        "accelerate.utils.dataclasses.DistributedType",
+        "accelerate.state.PartialState",  # a record of the run's device setup; __init__ is not called
+    ]
+    + [
+        f"builtins.{t}"
+        for t in words("dict list tuple set frozenset int float complex str bytes bool slice range")
+    ]
+    + [f"pathlib.{c}" for c in _PATHS]
+    + [f"pathlib._local.{c}" for c in _PATHS]  # Python >= 3.13
+    + [f"omegaconf.{c}" for c in _OMEGACONF]
+)
+
+# builtins that hand a pickle code execution, attribute access or files
+_DANGEROUS_BUILTINS = frozenset(
+    words(
+        "eval exec compile __import__ open getattr setattr delattr globals locals vars breakpoint input help "
+        "exit quit __build_class__ __loader__ map filter iter next apply execfile reload file"
+    )
+)
+
 _DCP = "torch.distributed.checkpoint"
 # What FileSystemWriter pickles into `.metadata` (torch 2.13, distributed/checkpoint/metadata.py).
 DCP_METADATA: frozenset[str] = frozenset(
@@ -157,12 +225,18 @@ _CODE_EXECUTION_NAMES = frozenset(
 
 
 def risk_of(qualified: str | None) -> Risk:
-    """'code_execution' for a global known to run code or reach the system, else 'unknown'."""
+    """'code_execution' for a global known to run code or reach the system, 'data' for a plain
+    data record, else 'unknown' (not known to be harmful, not known to be harmless)."""
     if qualified is None:
         return "code_execution"  # unresolvable: it could be anything
+    if qualified in HARMLESS_DATA:
+        return "data"
     if qualified in _CODE_EXECUTION_NAMES:
         return "code_execution"
-    root = qualified.split(".", 1)[0]
+    root, _, rest = qualified.partition(".")
+    if root in ("builtins", "__builtin__"):
+        # a dotted name walks attributes: builtins.str.format is a method, not the str type
+        return "unknown" if "." not in rest and rest not in _DANGEROUS_BUILTINS else "code_execution"
     if root in _CODE_EXECUTION_MODULES:
         return "code_execution"
     if qualified.startswith(("torch.hub", "torch.jit", "torch._C", "torch.utils.cpp_extension")):
@@ -175,6 +249,7 @@ class Policy:
     """Which tiers count as safe for one scan."""
 
     numpy: bool = True  # array/scalar/dtype globals from numpy
+    data_classes: bool = True  # HARMLESS_DATA: safe with a safe_globals allowlist
     dcp: bool = False  # only for a DCP `.metadata` pickle
 
     def classify(self, qualified: str) -> Tier | None:
@@ -183,6 +258,8 @@ class Policy:
             return "torch"
         if self.numpy and qualified in NUMPY_DATA:
             return "numpy"
-        if self.dcp and qualified in DCP_METADATA:
+        if self.dcp and qualified in DCP_METADATA:  # read with stand-ins, never torch.load: no recipe needed
             return "dcp"
+        if self.data_classes and qualified in HARMLESS_DATA:
+            return "data"
         return None

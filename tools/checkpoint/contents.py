@@ -18,6 +18,7 @@ cannot be memory-mapped at all; raise memory_limit_gib for those.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -141,6 +142,17 @@ def _count(piece: torch.Tensor) -> tuple[int, int]:
     return int(torch.isnan(piece).sum()), int(torch.isinf(piece).sum())
 
 
+SMALL_ELEMENTS = 1 << 12
+
+
+@functools.cache
+def _itemsize(dtype_name: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+
+
+# tensors up to this size are checked together, many per torch call
+
+
 def find_nonfinite(
     obj: Any,
     mapped_file: Path | None = None,
@@ -148,30 +160,106 @@ def find_nonfinite(
     chunk_elements: int = CHUNK_ELEMENTS,
     progress: Callable[[int, str], None] | None = None,
 ) -> list[NonfiniteTensor]:
-    """Every floating tensor holding NaN or Inf, with counts (at most max_listed reported)."""
+    """Every floating tensor holding NaN or Inf, with counts (at most max_listed reported).
+
+    Small tensors are batched: their pieces are concatenated per dtype and checked with one
+    isfinite; only a batch that holds a NaN/Inf is counted tensor by tensor, so a checkpoint of
+    half a million tiny tensors costs a few hundred torch calls, not millions.
+    """
     release = _releaser(mapped_file)
     found: list[NonfiniteTensor] = []
+    batches: dict[torch.dtype, list[tuple[str, Any, list[torch.Tensor]]]] = defaultdict(list)
+    batch_sizes: dict[torch.dtype, int] = defaultdict(int)
+
+    def report(path: str, leaf: Any, nan: int, inf: int) -> None:
+        if not (nan or inf) or len(found) >= max_listed:
+            return
+        info = leaf_info(leaf)
+        assert info is not None
+        numel = 1
+        for d in info.shape:
+            numel *= d
+        found.append(
+            NonfiniteTensor(
+                name=path, dtype=info.dtype, shape=list(info.shape), numel=numel, nan=nan, inf=inf
+            )
+        )
+
+    def flush(dtype: torch.dtype) -> None:
+        batch = batches.pop(dtype, [])
+        batch_sizes.pop(dtype, None)
+        if not batch:
+            return
+        joined = torch.cat([p for _, _, pieces in batch for p in pieces])
+        if _count(joined) == (0, 0):
+            return
+        for path, leaf, pieces in batch:
+            counts = [_count(p) for p in pieces]
+            report(path, leaf, sum(c[0] for c in counts), sum(c[1] for c in counts))
+
+    # runs of small file-backed tensors (safetensors): one read and one check per run
+    runs: dict[tuple[int, str], list] = {}  # (reader id, dtype) -> [reader, start, end, [(path, leaf)]]
+
+    def flush_run(key: tuple[int, str]) -> None:
+        run = runs.pop(key, None)
+        if run is None:
+            return
+        reader, start, end, members = run
+        dtype = getattr(torch, key[1])
+        values = torch.frombuffer(bytearray(reader.span(start, end - start)), dtype=dtype)
+        if _count(values) == (0, 0):
+            return
+        for path, leaf in members:  # something in the run (maybe a gap's bytes) is not finite: count exactly
+            counts = [_count(p) for p in _pieces(leaf, chunk_elements)]
+            report(path, leaf, sum(c[0] for c in counts), sum(c[1] for c in counts))
+
     for index, (path, leaf) in enumerate(walk(obj)):
         if not _is_float_leaf(leaf):
             continue
+        if isinstance(leaf, TensorMeta) and leaf.location is not None and leaf.nbytes <= SMALL_ELEMENTS * 8:
+            reader, offset, nbytes = leaf.location
+            key = (id(reader), leaf.dtype)
+            size = _itemsize(leaf.dtype)
+            run = runs.get(key)
+            if run is not None:
+                gap = offset - run[2]
+                if (
+                    gap < 0
+                    or gap > 4096
+                    or (offset - run[1]) % size
+                    or run[2] - run[1] > chunk_elements * size
+                ):
+                    flush_run(key)
+                    run = None
+            if run is None:
+                runs[key] = run = [reader, offset, offset, []]
+            run[2] = offset + nbytes
+            run[3].append((path, leaf))
+            continue
         if progress is not None and index % 64 == 0:
             progress(index, path)
+        info = leaf_info(leaf)
+        numel = 1
+        for d in info.shape if info is not None else ():
+            numel *= d
+        if numel <= SMALL_ELEMENTS:
+            pieces = [p.reshape(-1) for p in _pieces(leaf, chunk_elements)]
+            if pieces:
+                dtype = pieces[0].dtype
+                batches[dtype].append((path, leaf, pieces))
+                batch_sizes[dtype] += numel
+                if batch_sizes[dtype] >= chunk_elements:
+                    flush(dtype)
+            continue
         nan = inf = 0
         for piece in _pieces(leaf, chunk_elements):
             n, i = _count(piece)
             nan += n
             inf += i
             release(piece)
-        if nan or inf:
-            info = leaf_info(leaf)
-            assert info is not None
-            numel = 1
-            for d in info.shape:
-                numel *= d
-            if len(found) < max_listed:
-                found.append(
-                    NonfiniteTensor(
-                        name=path, dtype=info.dtype, shape=list(info.shape), numel=numel, nan=nan, inf=inf
-                    )
-                )
+        report(path, leaf, nan, inf)
+    for dtype in list(batches):
+        flush(dtype)
+    for key in list(runs):
+        flush_run(key)
     return found

@@ -144,6 +144,14 @@ def read_dcp_metadata(data: bytes) -> DcpMetadata:
         md = _StandInUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # the stand-ins cannot run anything; any failure means a malformed file
         raise ValueError(f"cannot decode the DCP metadata: {type(e).__name__}: {e}") from None
+    try:
+        return _records(md)
+    except (TypeError, AttributeError, KeyError, IndexError, OverflowError) as e:
+        # fields of the wrong type (an int where a list of offsets belongs, ...)
+        raise ValueError(f"malformed DCP metadata: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _records(md: Any) -> DcpMetadata:
     out = DcpMetadata()
     sd_meta = getattr(md, "state_dict_metadata", None)
     storage = getattr(md, "storage_data", None)

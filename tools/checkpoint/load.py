@@ -24,9 +24,11 @@ Raises `CheckpointLoadError` (with the loader's message) when the format's loade
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
+import mmap
 import pickle
 import warnings
 from collections.abc import Iterator, Mapping
@@ -40,7 +42,7 @@ from torch_skills.checkpoint.allowlist import NUMPY_DATA
 from torch_skills.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
 from torch_skills.checkpoint.pickle_scan import map_python2_name
 from torch_skills.checkpoint.problems import Problem
-from torch_skills.checkpoint.safetensors_format import SafetensorsHeader, iter_tensor_bytes
+from torch_skills.checkpoint.safetensors_format import DTYPE_BYTES, SafeTensorEntry, SafetensorsHeader
 from torch_skills.checkpoint.scan import FileScan, StaticScan
 from torch_skills.checkpoint.tree import TensorMeta
 
@@ -63,24 +65,31 @@ class LoadedCheckpoint:
 
 
 def _numpy_globals(scan_globals: dict[str, str]) -> list[tuple[Any, str]]:
-    """(object, name) pairs for torch.serialization.safe_globals, for the numpy names the file uses.
+    """(object, name) pairs for torch.serialization.safe_globals: the numpy and data-class names the file uses.
 
-    When it uses any, the numpy.dtypes classes come too: the pickle never names them, but
-    weights_only's BUILD checks the type of the dtype object it rebuilds (numpy >= 1.25).
+    When it uses numpy names, the numpy.dtypes classes come too: the pickle never names them, but
+    weights_only's BUILD checks the type of the dtype object it rebuilds (numpy >= 1.25). Only
+    names from the static allowlist (tools/checkpoint/allowlist.py) get here, so nothing the file
+    chose is imported; a library that is not installed is skipped (torch.load then names it).
     """
-    names = [q for q, tier in sorted(scan_globals.items()) if tier == "numpy"]
-    if names:
+    names = [q for q, tier in sorted(scan_globals.items()) if tier in ("numpy", "data")]
+    if any(tier == "numpy" for tier in scan_globals.values()):
         names += sorted(n for n in NUMPY_DATA if n.startswith("numpy.dtypes."))
     pairs = []
     for qualified in names:
         module, _, name = qualified.rpartition(".")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                obj = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError):
-                continue  # this numpy spells it differently; torch.load will name it if it matters
-        pairs.append((obj, qualified))
+        candidates = [module]
+        if module.startswith("numpy.core"):
+            candidates.insert(0, module.replace("numpy.core", "numpy._core", 1))
+        for candidate in candidates:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    obj = getattr(importlib.import_module(candidate), name)
+                except (ImportError, AttributeError):
+                    continue
+            pairs.append((obj, qualified))
+            break
     return pairs
 
 
@@ -157,6 +166,11 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # weights_only refusals, corrupt storages, out-of-bounds views
         hint = ""
+        if "Unsupported global" in str(e):
+            hint = (
+                " If the global it names is in the scan's allowlist recipe, its library (omegaconf, transformers, "
+                "lightning...) is not installed in the tool's Python; load it with the recipe where it is."
+            )
         if isinstance(e, MemoryError) or "alloc" in str(e).lower():
             hint = (
                 " The file may not fit the worker's memory limit: call again with a larger memory_limit_gib."
@@ -166,23 +180,51 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
         ) from None
 
 
+class _SafetensorsReader:
+    """Reads tensors of one safetensors file through a single shared mapping (opened on first use)."""
+
+    def __init__(self, path: Path, header: SafetensorsHeader):
+        self.path, self.header = path, header
+        self._map: mmap.mmap | None = None
+
+    def _data(self) -> mmap.mmap:
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map
+
+    def chunks(self, entry: SafeTensorEntry, dtype: torch.dtype, max_elems: int) -> Iterator[torch.Tensor]:
+        itemsize = DTYPE_BYTES[entry.dtype]
+        step = max(1, max_elems) * itemsize
+        start = self.header.data_offset + entry.begin
+        data = self._data()
+        for at in range(start, start + entry.nbytes, step):
+            piece = data[at : min(at + step, start + entry.nbytes)]  # a copy: bytes
+            yield torch.frombuffer(bytearray(piece), dtype=dtype)  # (n,)
+
+    def span(self, offset: int, nbytes: int) -> bytes:
+        return self._data()[offset : offset + nbytes]
+
+    def read(self, entry: SafeTensorEntry, dtype: torch.dtype) -> torch.Tensor:
+        pieces = list(self.chunks(entry, dtype, 1 << 26))
+        flat = torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
+        return flat.reshape(entry.shape)
+
+
 def _safetensors_tree(path: Path, header: SafetensorsHeader) -> dict[str, TensorMeta]:
+    reader = _SafetensorsReader(path, header)
+    dtypes = {name: getattr(torch, name) for name in {e.torch_dtype for e in header.tensors}}
     out: dict[str, TensorMeta] = {}
     for entry in header.tensors:
-        dtype = getattr(torch, entry.torch_dtype)
-
-        def chunks(max_elems: int, entry=entry, dtype=dtype) -> Iterator[torch.Tensor]:
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            for piece in iter_tensor_bytes(path, header, entry, max_elems * itemsize):
-                yield torch.frombuffer(bytearray(piece), dtype=dtype)  # (n,)
-
-        def read(entry=entry, dtype=dtype) -> torch.Tensor:
-            pieces = list(chunks(1 << 26, entry, dtype))
-            flat = torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
-            return flat.reshape(entry.shape)
-
+        dtype = dtypes[entry.torch_dtype]
         out[entry.name] = TensorMeta(
-            tuple(entry.shape), entry.torch_dtype, entry.nbytes, header.source, read, chunks
+            tuple(entry.shape),
+            entry.torch_dtype,
+            entry.nbytes,
+            header.source,
+            functools.partial(reader.read, entry, dtype),
+            functools.partial(reader.chunks, entry, dtype),
+            (reader, header.data_offset + entry.begin, entry.nbytes),
         )
     return out
 
@@ -204,6 +246,12 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
                 f"the allowlist unpickler refused {file.name}: {str(e)[:800]}"
             ) from None
         return obj, "pickle.Unpickler restricted to the weights_only allowlist"
+    if file.format == "numpy":
+        return _load_numpy(file), "numpy.load(allow_pickle=False)"
+    if file.format == "archive" and file.zip is not None:
+        return _load_nested_archives(
+            file, numpy_pairs
+        ), "torch.load(weights_only=True) of each nested torch archive"
     if file.format == "safetensors" and file.safetensors is not None:
         return _safetensors_tree(file.path, file.safetensors), "safetensors header (tensors read by offset)"
     if file.path.name.endswith(".json") and file.path.stat().st_size <= MAX_JSON_BYTES:
@@ -212,6 +260,47 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
         except (ValueError, UnicodeDecodeError) as e:
             raise CheckpointLoadError(f"{file.name} is not valid JSON: {e}") from None
     raise CheckpointLoadError(f"{file.name}: format {file.format} is not loaded")
+
+
+def _load_numpy(file: FileScan) -> Any:
+    import numpy as np
+
+    try:
+        if file.zip is not None:  # .npz: plain arrays only (the scan found no object array)
+            with np.load(file.path, allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        return np.load(file.path, allow_pickle=False, mmap_mode="r")
+    except Exception as e:  # corrupt data the header did not reveal
+        raise CheckpointLoadError(
+            f"numpy.load(allow_pickle=False) refused {file.name}: {str(e)[:400]}"
+        ) from None
+
+
+def _load_nested_archives(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> dict[str, Any]:
+    """Members of a zip (torch.export's .pt2) that are torch archives, each through weights_only."""
+    import zipfile
+
+    out: dict[str, Any] = {}
+    with zipfile.ZipFile(file.path) as z:
+        for info in z.infolist():
+            if info.file_size > MAX_BYTES_ITEM or info.is_dir():
+                continue
+            with z.open(info) as member:
+                if member.read(4) != b"PK\x03\x04":
+                    continue
+            data = z.read(info)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with torch.serialization.safe_globals(numpy_pairs):
+                        out[info.filename] = torch.load(
+                            io.BytesIO(data), map_location="cpu", weights_only=True
+                        )
+            except Exception as e:
+                raise CheckpointLoadError(
+                    f"torch.load(weights_only=True) refused {file.name}::{info.filename}: {str(e)[:400]}"
+                ) from None
+    return out
 
 
 # -- DCP -----------------------------------------------------------------------------------------

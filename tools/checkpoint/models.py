@@ -24,7 +24,15 @@ CheckpointFormat = Literal[
     "huggingface",  # a Hugging Face model or Trainer checkpoint folder
     "directory",  # another folder of checkpoint files
     "legacy_tar",  # torch < 0.4 tar archive (refused)
+    "numpy",  # .npy / .npz
+    "archive",  # another zip or tar (torch.export .pt2, packed folders): every member scanned
     "unknown",
+]
+Verdict = Literal[
+    "safe",  # torch.load(weights_only=True) accepts it as is
+    "safe_with_allowlist",  # only plain data classes outside torch's default list: see allowlist_recipe
+    "unsafe",  # a global that can run code or is unknown, or a hostile/ambiguous structure
+    "corrupt",  # unreadable or truncated: nothing hostile found, but it cannot be verified or loaded
 ]
 Layout = Literal[
     "state_dict",  # a flat {name: tensor} mapping
@@ -54,7 +62,10 @@ ResumeRole = Literal[
 class VerifyCheckpointRequest(ModelInputs):
     """Check a checkpoint's safety and completeness, and (with `model`) its fit to a model."""
 
-    path: str = Field(description="checkpoint file or folder (DCP, Hugging Face, sharded safetensors)")
+    path: str = Field(
+        description="checkpoint file (.pt .pth .ckpt .bin .pkl .joblib .npy .npz .pt2 .safetensors, zip/tar, "
+        "*.index.json) or folder (DCP, Hugging Face model or Trainer checkpoint; every file is sniffed)"
+    )
     model: str | None = Field(  # type: ignore[assignment]
         default=None,
         description="optional model factory 'path/to/file.py:build'; compares the checkpoint's keys "
@@ -70,6 +81,11 @@ class VerifyCheckpointRequest(ModelInputs):
         default=True,
         description="treat numpy array/scalar/dtype globals as safe (torch.load needs them passed to "
         "torch.serialization.safe_globals)",
+    )
+    allow_data_classes: bool = Field(
+        default=True,
+        description="plain data classes (Namespace, datetime, pathlib, OmegaConf...) give "
+        "safe_with_allowlist and a safe_globals recipe instead of unsafe",
     )
     max_listed: int = Field(default=50, ge=1, le=2000, description="longest list of keys/tensors returned")
 
@@ -104,7 +120,10 @@ class UnsafeGlobal(BaseModel):
     offset: int = Field(description="byte offset of the opcode inside that pickle")
     opcode: str = Field(description="GLOBAL, STACK_GLOBAL, INST, EXT1, REDUCE, BUILD, ...")
     qualified: str | None = Field(description="module.name imported; null when it cannot be resolved")
-    risk: Literal["code_execution", "unknown"]
+    risk: Literal["code_execution", "data", "unknown"] = Field(
+        description="code_execution: can run code or reach the system; data: a plain data class this scan "
+        "was told not to allow; unknown: not known to be harmful or harmless"
+    )
     reason: str
     called_at: int | None = Field(default=None, description="offset of the call that invokes it, if any")
 
@@ -132,6 +151,10 @@ class FileInfo(BaseModel):
     name: str
     format: str
     bytes: int
+    verdict: Verdict | None = Field(default=None, description="this file's own verdict (folders: per file)")
+    needs_safe_globals: list[str] = Field(
+        default_factory=list, description="allowlisted classes torch.load needs passed to safe_globals"
+    )
 
 
 class DTypeCount(BaseModel):
@@ -266,7 +289,16 @@ class VerifyCheckpointResult(BaseModel):
     layout: Layout
     files: list[FileInfo]
     size_bytes: int
-    safe: bool = Field(description="true only when every pickle parsed fully and nothing in it is unsafe")
+    safe: bool = Field(
+        description="true only when every pickle reachable from the path parsed fully and nothing in it is "
+        "unsafe (verdict safe or safe_with_allowlist)"
+    )
+    verdict: Verdict = Field(default="unsafe", description="safe | safe_with_allowlist | unsafe | corrupt")
+    allowlist_recipe: str | None = Field(
+        default=None,
+        description="for safe_with_allowlist: the exact torch.serialization.safe_globals code that loads it "
+        "with weights_only=True",
+    )
     unsafe_globals: list[UnsafeGlobal]
     unsafe_global_count: int
     problems: list[FileProblem]
@@ -274,7 +306,7 @@ class VerifyCheckpointResult(BaseModel):
     globals_allowed: list[str]
     needs_safe_globals: list[str] = Field(
         description="allowed globals torch.load(weights_only=True) still refuses unless passed to "
-        "torch.serialization.safe_globals (numpy's)"
+        "torch.serialization.safe_globals (numpy's and plain data classes)"
     )
     scan_seconds: float
     loaded: bool

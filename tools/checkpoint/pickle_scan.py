@@ -18,6 +18,14 @@ NEWOBJ_EX, OBJ and INST on anything but an allowlisted global are unsafe; so are
 SETITEM applied to a global itself (they would patch a module-level object). Arguments are decoded
 here rather than by genops so a 4 GiB BINBYTES8 is skipped, not copied.
 
+FRAME is read the way CPython's C unpickler reads it from a file object (Modules/_pickle.c): the
+frame is one buffer, and a read that runs past its end drops the rest of the buffer and continues
+from the file position after the frame. `pickle.loads(bytes)` instead reads straight through. No
+pickler writes an opcode across a frame end, so when the straight walk sees one
+(`PickleScan.frame_crossings`), the stream is hostile: it is never called safe, and it is walked a
+second time as the file reader sees it, adding whatever that reading imports or calls.
+tests/test_checkpoint_differential.py checks the scan against the real unpickler.
+
 A stream may hold several pickles back to back (torch's legacy format holds five); `expected`
 says how many must parse, and with `scan_trailing` whatever follows is scanned as further
 pickles too (their unsafe globals count; a part that does not parse there is only reported).
@@ -127,6 +135,7 @@ class PickleScan:
     error: str | None = None
     error_offset: int | None = None
     limit_hit: bool = False
+    truncated: bool = False  # the data ended before the pickle did (more bytes could change the verdict)
     globals_used: dict[str, Tier] = field(default_factory=dict)
     unsafe: list[UnsafeRef] = field(default_factory=list)
     unsafe_total: int = 0
@@ -135,10 +144,14 @@ class PickleScan:
     end_offset: int = 0  # where the last parsed pickle ended
     trailing_bytes: int = 0  # bytes after end_offset that were not parsed as pickles
     trailing_error: str | None = None
+    frame_crossings: int = 0  # reads that run past the end of a FRAME (readers disagree)
+    frame_crossing_offset: int | None = None
+    frame_crossing_what: str | None = None
+    file_reader_globals: list[str] = field(default_factory=list)  # names only the file reader sees
 
     @property
     def safe(self) -> bool:
-        return self.complete and self.unsafe_total == 0
+        return self.complete and self.unsafe_total == 0 and self.frame_crossings == 0
 
 
 class _Malformed(Exception):
@@ -149,6 +162,10 @@ class _Malformed(Exception):
 
 class _LimitHit(_Malformed):
     pass
+
+
+class _Truncated(_Malformed):
+    """The data ended before the pickle did."""
 
 
 class _Ref:
@@ -252,6 +269,8 @@ class _Machine:
         limits: ScanLimits,
         result: PickleScan,
         nested: Callable[[bytes, str, int], list[UnsafeRef]] | None,
+        file_mode: bool = False,
+        start: int = 0,
     ):
         self.data = data
         self.end = len(data)
@@ -260,10 +279,53 @@ class _Machine:
         self.limits = limits
         self.result = result
         self.nested = nested
-        self.pos = 0
+        self.pos = start
         self.proto = 0
+        self.file_mode = file_mode
+        self.buf_end = start if file_mode else self.end  # end of the bytes the reader holds in memory
+        self.file_pos = start  # file reader: where the next read from the file starts
+        self.frame_end: int | None = None  # straight reader: end of the FRAME being read
 
     # -- reading ---------------------------------------------------------------------------------
+    # Two readers of the same bytes. The straight reader walks the stream in order, as
+    # pickle.loads(bytes) does. The file reader copies CPython's C unpickler reading from a file
+    # object without peek() (io.BytesIO: torch.load's data.pkl, pickle.load on a BytesIO): FRAME
+    # reads its whole frame into a buffer, and a read that runs past the buffer's end drops the
+    # rest of the buffer and takes fresh bytes from the file position after it
+    # (Modules/_pickle.c, _Unpickler_ReadImpl / _Unpickler_ReadFromFile / load_frame). The two
+    # agree unless some read crosses a frame's end, which no pickler writes; the straight reader
+    # records every such crossing.
+    def _take(self, n: int, what: str) -> int:
+        """Offset of the next n bytes, consumed; raises _Malformed when the data ends first."""
+        if n < 0:
+            raise _Malformed(f"{what} declares a negative length {n}", self.op_pos)
+        start = self.pos
+        if start + n <= self.buf_end:
+            if self.frame_end is not None and start < self.frame_end < start + n:
+                self._crossing(what)
+            self.pos = start + n
+            return start
+        if not self.file_mode:
+            raise _Truncated(
+                f"{what} declares {n} bytes but only {self.end - self.pos} remain in {self.source}",
+                self.op_pos,
+            )
+        # C unpickler: the rest of the buffer is dropped and n bytes come from the file
+        start = self.file_pos
+        if start + n > self.end:
+            raise _Truncated(
+                f"{what} declares {n} bytes but only {self.end - start} remain in {self.source}",
+                self.op_pos,
+            )
+        self.file_pos = self.buf_end = self.pos = start + n
+        return start
+
+    def _crossing(self, what: str) -> None:
+        self.result.frame_crossings += 1
+        if self.result.frame_crossing_offset is None:
+            self.result.frame_crossing_offset = self.op_pos
+            self.result.frame_crossing_what = what
+
     def _need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.end:
             raise _Malformed(
@@ -272,39 +334,43 @@ class _Machine:
             )
 
     def _line(self) -> bytes:
-        limit = min(self.end, self.pos + self.limits.max_line_bytes)
+        limit = min(self.buf_end, self.pos + self.limits.max_line_bytes)
         nl = self.data.find(b"\n", self.pos, limit)
-        if nl < 0:
-            raise _Malformed(
-                f"{self.op_name} needs a newline-terminated argument; none within {limit - self.pos} bytes",
-                self.op_pos,
-            )
-        line = bytes(self.data[self.pos : nl])
-        self.pos = nl + 1
-        return line
+        if nl >= 0:
+            if self.frame_end is not None and self.pos < self.frame_end <= nl:
+                self._crossing(f"{self.op_name} text argument")
+            line = bytes(self.data[self.pos : nl])
+            self.pos = nl + 1
+            return line
+        if self.file_mode and self.buf_end < self.end:  # C: readline() on the file, buffer dropped
+            start = self.file_pos
+            nl = self.data.find(b"\n", start, min(self.end, start + self.limits.max_line_bytes))
+            if nl >= 0:
+                self.file_pos = self.buf_end = self.pos = nl + 1
+                return bytes(self.data[start:nl])
+        raise (_Truncated if limit >= self.end else _Malformed)(
+            f"{self.op_name} needs a newline-terminated argument; none within {limit - self.pos} bytes",
+            self.op_pos,
+        )
 
     def _read_arg(self, kind: str) -> Any:
         fixed = _FIXED_ARGS.get(kind)
         if fixed is not None:
             fmt, size = fixed
-            self._need(size, self.op_name)
-            (value,) = fmt.unpack_from(self.data, self.pos)
-            self.pos += size
+            at = self._take(size, self.op_name)
+            (value,) = fmt.unpack_from(self.data, at)
             return value
         sized = _SIZED_ARGS.get(kind)
         if sized is not None:
             fmt, size, as_ = sized
-            self._need(size, self.op_name)
-            (length,) = fmt.unpack_from(self.data, self.pos)
-            self.pos += size
+            at = self._take(size, self.op_name)
+            (length,) = fmt.unpack_from(self.data, at)
             if length < 0:
                 raise _Malformed(f"{self.op_name} has a negative length {length}", self.op_pos)
-            self._need(length, self.op_name)
+            at = self._take(length, self.op_name)
             if length > self.limits.inline_arg_bytes:
-                self.pos += length
                 return _Big(as_, length)
-            raw = bytes(self.data[self.pos : self.pos + length])
-            self.pos += length
+            raw = bytes(self.data[at : at + length])
             if as_ == "bytes":
                 return raw
             if as_ == "long":
@@ -371,6 +437,8 @@ class _Machine:
             )
         elif risk == "code_execution":
             reason = f"{qualified} can run code or reach the system when the file is loaded"
+        elif risk == "data":
+            reason = f"{qualified} is a plain data class; this scan's policy does not allow it"
         else:
             reason = (
                 f"{qualified} is not in the weights_only allowlist; torch.load(weights_only=True) refuses it"
@@ -479,17 +547,22 @@ class _Machine:
         self.op_name = "start"
         result, data, limits = self.result, self.data, self.limits
         while True:
-            if self.pos >= self.end:
-                raise _Malformed("the pickle ends without a STOP opcode (truncated or broken)", self.pos)
+            if self.frame_end is not None and self.pos >= self.frame_end:
+                self.frame_end = None
             self.op_pos = self.pos
-            op = _OPS[data[self.pos]]
+            if self.pos >= self.end or (
+                self.file_mode and self.pos >= self.buf_end and self.file_pos >= self.end
+            ):
+                raise _Truncated("the pickle ends without a STOP opcode (truncated or broken)", self.pos)
+            self.op_name = "opcode"
+            at = self._take(1, "the next opcode")
+            self.op_pos = at
+            op = _OPS[data[at]]
             if op is None:
                 raise _Malformed(
-                    f"unknown opcode 0x{data[self.pos]:02x}: no unpickler defines it (broken or hostile)",
-                    self.pos,
+                    f"unknown opcode 0x{data[at]:02x}: no unpickler defines it (broken or hostile)", at
                 )
             self.op_name = op.name
-            self.pos += 1
             result.opcodes += 1
             if result.opcodes > limits.max_opcodes:
                 raise _LimitHit(f"more than {limits.max_opcodes} opcodes", self.op_pos)
@@ -629,10 +702,11 @@ class _Machine:
         elif name == "READONLY_BUFFER":
             self._top()
         elif name == "FRAME":
-            if arg > self.end - self.pos:
-                raise _Malformed(
-                    f"FRAME declares {arg} bytes but only {self.end - self.pos} remain", self.op_pos
-                )
+            # load_frame: the frame is read as one block, then parsing restarts at its first byte
+            start = self._take(arg, "FRAME")
+            self.pos = start
+            if not self.file_mode:
+                self.frame_end = start + arg
         elif name == "PROTO":
             if arg > 5:
                 raise _Malformed(f"unsupported pickle protocol {arg}", self.op_pos)
@@ -641,6 +715,9 @@ class _Machine:
                 self.result.protocol = arg
         elif name == "STOP":
             self._pop()
+            if self.file_mode:  # the next load() starts where the file reader stopped
+                self.pos = self.buf_end = max(self.pos, self.file_pos)
+                self.file_pos = self.pos
             return True
         else:  # pragma: no cover - every pickletools opcode is handled above (a test checks it)
             raise _Malformed(f"opcode {name} is not modelled", self.op_pos)
@@ -683,18 +760,25 @@ def scan_pickle(
     expected: int = 1,
     scan_trailing: bool = True,
     nested: Callable[[bytes, str, int], list[UnsafeRef]] | None = None,
+    start: int = 0,
 ) -> PickleScan:
-    """Scan `expected` pickles from the start of `data`, then (optionally) any that follow.
+    """Scan `expected` pickles from offset `start` of `data`, then (optionally) any that follow.
 
     `nested(data, source, offset)` scans a bytes argument handed to a loader such as
     `pickle.loads`; by default nested pickles are scanned with the same policy.
     """
     policy = policy or Policy()
     limits = limits or ScanLimits()
-    result = PickleScan(source=source, size=len(data))
+    result = PickleScan(source=source, size=len(data) - start)
     if nested is None:
         nested = _default_nested(policy, limits, 1)
-    machine = _Machine(data, source, policy, limits, result, nested)
+    _run(_Machine(data, source, policy, limits, result, nested, start=start), result, expected, scan_trailing)
+    if result.frame_crossings:
+        _scan_as_file_reader(data, source, policy, limits, result, nested, expected, scan_trailing, start)
+    return result
+
+
+def _run(machine: _Machine, result: PickleScan, expected: int, scan_trailing: bool) -> None:
     try:
         for _ in range(expected):
             machine.run_one()
@@ -705,8 +789,10 @@ def scan_pickle(
         result.error = str(e)
         result.error_offset = e.offset
         result.limit_hit = isinstance(e, _LimitHit)
+        result.truncated = isinstance(e, _Truncated)
         result.end_offset = machine.pos
-        return result
+        result.trailing_bytes = machine.end - result.end_offset
+        return
     if scan_trailing:
         while machine.pos < machine.end:
             start = machine.pos
@@ -722,12 +808,39 @@ def scan_pickle(
                     result.error, result.error_offset = str(e), e.offset
                 break
     result.trailing_bytes = machine.end - result.end_offset
-    return result
+
+
+def _scan_as_file_reader(
+    data: Any,
+    source: str,
+    policy: Policy,
+    limits: ScanLimits,
+    result: PickleScan,
+    nested,
+    expected: int,
+    scan_trailing: bool,
+    start: int = 0,
+) -> None:
+    """Scan again the way the C unpickler reads a file, and add what only that reading names."""
+    other = PickleScan(source=f"{source} (as read from a file)", size=len(data) - start)
+    machine = _Machine(data, other.source, policy, limits, other, nested, file_mode=True, start=start)
+    _run(machine, other, expected, scan_trailing)
+    seen = {u.qualified for u in result.unsafe}
+    for qualified, tier in other.globals_used.items():
+        result.globals_used.setdefault(qualified, tier)
+    for entry in other.unsafe:
+        if entry.qualified not in seen or entry.qualified is None:
+            result.file_reader_globals.append(entry.qualified or f"unresolvable {entry.opcode}")
+            result.unsafe_total += 1
+            if len(result.unsafe) < limits.max_recorded:
+                result.unsafe.append(entry)
+    result.unsafe_total += max(0, other.unsafe_total - len(other.unsafe))
+    result.limit_hit = result.limit_hit or other.limit_hit
 
 
 def _default_nested(policy: Policy, limits: ScanLimits, level: int):
     def scan_nested(data: bytes, source: str, offset: int) -> list[UnsafeRef]:
-        if level > limits.max_nested or not looks_like_pickle(data[:2]):
+        if level > limits.max_nested or not data or _OPS[data[0]] is None:
             return []
         inner = scan_pickle(data, source, policy, limits, nested=_default_nested(policy, limits, level + 1))
         return inner.unsafe

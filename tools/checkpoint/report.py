@@ -42,8 +42,13 @@ def _unsafe_findings(r: VerifyCheckpointResult) -> list[Finding]:
                 code="unsafe_global",
                 message=(
                     f"{name} in {first.source} at offset {first.offset}{called} ({len(refs)}x): {first.reason}. "
-                    "Do not open this file with pickle or torch.load(weights_only=False); get the weights as "
-                    "safetensors or re-export them from a trusted copy."
+                    + (
+                        "Do not open this file with pickle or torch.load(weights_only=False); get the weights as "
+                        "safetensors or re-export them from a trusted copy."
+                        if first.risk != "data"
+                        else "It only holds data; allow it with torch.serialization.safe_globals if you trust the "
+                        "class's module."
+                    )
                 ),
                 skill=SKILL,
             )
@@ -192,16 +197,30 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
         )
     if r.needs_safe_globals:
         names = ", ".join(r.needs_safe_globals)
+        recipe = f" Load it with:\n{r.allowlist_recipe}" if r.allowlist_recipe else ""
         out.append(
             Finding(
                 severity="info",
                 code="needs_safe_globals",
-                message=f"the file holds numpy data ({names}); torch.load(weights_only=True) refuses it unless "
-                "called inside `with torch.serialization.safe_globals([...]):` listing those objects plus the "
-                "numpy.dtypes class of each array's dtype (e.g. numpy.dtypes.UInt32DType for np.random.get_state()).",
+                message=f"safe to load with an allowlist: the file uses plain data classes ({names}) that "
+                "torch.load(weights_only=True) refuses unless they are passed to torch.serialization.safe_globals "
+                "(numpy arrays also need the numpy.dtypes class of each dtype)." + recipe,
                 skill=SKILL,
             )
         )
+    if r.format in ("huggingface", "directory", "dcp") and not r.safe:
+        usable = [f.name for f in r.files if f.verdict in ("safe", "safe_with_allowlist")]
+        bad = [f.name for f in r.files if f.verdict in ("unsafe", "corrupt")]
+        if usable and bad:
+            out.append(
+                Finding(
+                    severity="info",
+                    code="usable_files",
+                    message=f"{len(usable)} files of this folder are safe on their own and can be loaded one by one "
+                    f"(e.g. {', '.join(usable[:6])}); the problem is in {', '.join(bad[:6])}.",
+                    skill=SKILL,
+                )
+            )
     if r.load_error:
         out.append(Finding(severity="error", code="load_failed", message=r.load_error, skill=SKILL))
     if r.format == "torch_legacy":
@@ -256,7 +275,12 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
 def build_summary(r: VerifyCheckpointResult) -> str:
     if not r.safe:
         names = sorted({u.qualified or f"unresolvable {u.opcode}" for u in r.unsafe_globals})
-        parts = [f"UNSAFE {r.format} checkpoint, not loaded."]
+        if r.verdict == "corrupt":
+            parts = [
+                f"CORRUPT/unreadable {r.format} checkpoint: nothing hostile found, but it cannot be verified or loaded."
+            ]
+        else:
+            parts = [f"UNSAFE {r.format} checkpoint, not loaded."]
         if r.unsafe_global_count:
             parts.append(f"{r.unsafe_global_count} unsafe references: {', '.join(names[:5])}.")
         blocking = [p for p in r.problems if p.blocks_safe]
@@ -264,8 +288,17 @@ def build_summary(r: VerifyCheckpointResult) -> str:
             parts.append(
                 f"{len(blocking)} structural problems ({', '.join(sorted({p.code for p in blocking})[:4])})."
             )
+        usable = [f.name for f in r.files if f.verdict in ("safe", "safe_with_allowlist")]
+        if usable and len(usable) < len(r.files):
+            parts.append(f"Safe on their own: {', '.join(usable[:5])}{' ...' if len(usable) > 5 else ''}.")
         return " ".join(parts)
-    parts = [f"Safe {r.format} ({r.layout})."]
+    if r.verdict == "safe_with_allowlist":
+        parts = [
+            f"Safe to load with an allowlist: {r.format} ({r.layout}) uses {len(r.needs_safe_globals)} plain data "
+            "classes weights_only refuses by default (recipe in allowlist_recipe)."
+        ]
+    else:
+        parts = [f"Safe {r.format} ({r.layout})."]
     if r.tensors is not None:
         parts.append(f"{r.tensors.count} tensors, {format_bytes(r.tensors.total_bytes)}.")
     if r.load_error:

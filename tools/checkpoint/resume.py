@@ -24,7 +24,7 @@ with an unrecognised shape, is reported missing.
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
@@ -231,11 +231,11 @@ def find_resume_roles(obj: Any, *, folder: bool = False) -> ResumeCheck:
         claim("model", "(the whole file)", "structure")
         return _finish(found, notes, weights_only_file=True)
 
-    queue: list[tuple[str, str, Any, int]] = []
+    queue: deque[tuple[str, str, Any, int]] = deque()
     if isinstance(obj, Mapping):
-        queue = [(str(k), str(k), v, 1) for k, v in obj.items()]
+        queue.extend((str(k), str(k), v, 1) for k, v in obj.items())
     while queue:
-        path, key, value, depth = queue.pop(0)
+        path, key, value, depth = queue.popleft()
         if folder and depth == 1:
             matched, role = file_role(key)
             if key == "trainer_state.json" and isinstance(value, Mapping):
@@ -248,7 +248,7 @@ def find_resume_roles(obj: Any, *, folder: bool = False) -> ResumeCheck:
                 claim(role, key, "file")
                 continue
             if matched:  # rng_state.pth: look inside
-                queue += [(f"{path}.{k}", str(k), v, depth + 1) for k, v in _items(value)]
+                queue.extend((f"{path}.{k}", str(k), v, depth + 1) for k, v in _items(value))
                 continue
         rng = rng_role(key, value)
         if rng is not None:
@@ -268,7 +268,7 @@ def find_resume_roles(obj: Any, *, folder: bool = False) -> ResumeCheck:
             and isinstance(value, (Mapping, list, tuple))
             and (isinstance(value, Mapping) or key.lower() in _RNG_CONTAINERS)
         ):
-            queue += [(f"{path}.{k}", str(k), v, depth + 1) for k, v in _items(value)]
+            queue.extend((f"{path}.{k}", str(k), v, depth + 1) for k, v in _items(value))
     if "sampler" in found and found["sampler"].key.split(".")[-1] == "loops":
         notes.append(
             "Lightning's `loops` progress is taken as the data position; it skips seen batches on resume"

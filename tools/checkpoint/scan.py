@@ -8,15 +8,21 @@ Use:
     scan.unsafe()    # UnsafeRef for every global outside the allowlist (with file and offset)
     scan.problems_all()
 
-The format comes from the bytes, not the extension: a zip (torch.save since 1.6, or TorchScript),
-a safetensors header, torch's legacy stream (five pickles, the first the magic number
-0x1950a86a20f9469cfc6c, torch/serialization.py MAGIC_NUMBER, then raw storages) or a plain
-pickle (scanned to the end, so a second pickle glued after the first is scanned too). A tar
-archive (torch < 0.4) is refused. This module never imports torch; the worker loads only what it
-calls safe.
+The format comes from the bytes, not the extension: a zip (torch.save since 1.6, TorchScript,
+numpy's .npz, torch.export's .pt2; every member is scanned by its content, see blob_scan.py), a
+safetensors header, a .npy (an object array's data is a pickle), torch's legacy stream (five
+pickles, the first the magic number 0x1950a86a20f9469cfc6c, torch/serialization.py MAGIC_NUMBER,
+then raw storages), a tar archive, a zlib/gzip/bz2/xz stream (joblib's compressed files), or a
+plain pickle (scanned to the end, so a second pickle glued after the first is scanned too).
+Formats the standard library cannot open (7z, RAR, zstd, lz4) are reported as unscanned and
+never called safe. Folders are walked recursively (bounded) and every file is sniffed, whatever
+its name, so a `.joblib` or `training_args.bin` beside the weights is scanned too; a subfolder
+holding `.metadata` and `.distcp` files is read as a DCP checkpoint. Any reader error becomes a
+"corrupt/unreadable" problem, never an exception. This module never imports torch; the worker
+loads only what it calls safe.
 
-Known limitations: folders are read one level deep (that is how DCP and Hugging Face lay them
-out); files whose format is not recognised make the result unsafe ("cannot verify").
+Known limitations: files whose format is not recognised make a single-file result unsafe
+("cannot verify"); inside a folder they are data unless their name says a loader unpickles them.
 """
 
 from __future__ import annotations
@@ -26,19 +32,22 @@ import mmap
 import os
 import pickletools
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_skills.checkpoint.allowlist import Policy
-from torch_skills.checkpoint.dcp_format import DcpScan, scan_dcp_dir
-from torch_skills.checkpoint.pickle_scan import (
-    PickleScan,
-    ScanLimits,
-    UnsafeRef,
-    looks_like_pickle,
-    scan_pickle,
+from torch_skills.checkpoint.blob_scan import (
+    COMPRESSED,
+    ScanContext,
+    kind_of,
+    scan_compressed,
+    unscanned_problem,
 )
+from torch_skills.checkpoint.dcp_format import DcpScan, scan_dcp_dir
+from torch_skills.checkpoint.npy_format import read_npy_header
+from torch_skills.checkpoint.pickle_scan import PickleScan, ScanLimits, UnsafeRef, scan_pickle
 from torch_skills.checkpoint.problems import Problem
 from torch_skills.checkpoint.safetensors_format import (
     SafetensorsHeader,
@@ -46,11 +55,18 @@ from torch_skills.checkpoint.safetensors_format import (
     read_safetensors_header,
     read_safetensors_index,
 )
-from torch_skills.checkpoint.zip_scan import ZipScan, scan_zip_bytes, scan_zip_file
+from torch_skills.checkpoint.tar_scan import scan_tar
+from torch_skills.checkpoint.zip_scan import ZipScan, scan_zip_file
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".safetensors", ".tar", ".pt2")
+# Files a loader unpickles because of their name (torch.load, pickle, joblib, dill, np.load):
+# in a folder, these must parse as what they claim; other files are sniffed and may be data.
+PICKLE_SUFFIXES = frozenset(
+    ".pt .pth .bin .ckpt .pkl .pickle .pckl .p .joblib .jbl .dill .sav .npy .npz .pt2 .tar .gz .bz2 .xz .zip".split()
+)
 MAX_FOLDER_FILES = 10_000
+MAX_FOLDER_DEPTH = 8
 HF_MARKERS = (
     "config.json",
     "trainer_state.json",
@@ -112,7 +128,18 @@ class StaticScan:
                         "unpickler runs every opcode before the break.",
                     )
                 )
-            elif p.trailing_error:
+            if p.frame_crossings:
+                only = ", ".join(p.file_reader_globals[:3]) or "nothing more"
+                found.append(
+                    Problem(
+                        "pickle_frame_ambiguous",
+                        f"{p.source}@{p.frame_crossing_offset}",
+                        f"{p.frame_crossing_what} runs past the end of its FRAME ({p.frame_crossings}x). No pickler "
+                        "writes that; pickle.loads reads such a stream one way and the C unpickler reading a file "
+                        f"(pickle.load, torch.load) another, which names {only}. Treat it as hostile.",
+                    )
+                )
+            if p.complete and p.trailing_error:
                 found.append(
                     Problem(
                         "pickle_trailing_bytes",
@@ -132,22 +159,21 @@ class StaticScan:
 
 
 def sniff(path: Path) -> str:
-    """'zip', 'safetensors', 'tar', 'pickle', 'json' or 'unknown', from the first bytes."""
+    """'zip', 'safetensors', 'tar', 'npy', 'pickle', 'json', a compression or 'unknown', from the first bytes."""
     with open(path, "rb") as f:
         head = f.read(512)
-    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return "zip"
-    if len(head) >= 9 and head[8:9] == b"{":
-        return "safetensors"
-    if head[257:262] == b"ustar":
-        return "tar"
-    if looks_like_pickle(head):
-        return "pickle"
-    if head.lstrip()[:1] in (b"{", b"[") and path.suffix == ".json":
+    kind = kind_of(head)
+    if (
+        kind == "pickle"
+        and not (head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5)
+        and head[:1] not in b"(c]}ILSVNFG)l"
+    ):
+        kind = "pickle_maybe"  # some other opcode first: a pickle only if it parses as one
+    if kind in ("data", "pickle_maybe") and head.lstrip()[:1] in (b"{", b"[") and path.suffix == ".json":
         return "json"
-    if head[:1] in b"(c]}ILSVNFG)l" and head:
-        return "pickle"  # protocol 0/1 pickles start with a plain opcode
-    return "unknown"
+    if kind == "data":
+        return "unknown"
+    return "pickle" if kind == "pickle_maybe" else kind
 
 
 def _is_legacy_torch(data) -> bool:
@@ -163,32 +189,78 @@ def _is_legacy_torch(data) -> bool:
 
 
 def _nested_scanner(policy: Policy, limits: ScanLimits, level: int = 1) -> Callable:
-    """Scan bytes handed to pickle.loads / torch's _load_from_bytes: a pickle or a torch zip."""
+    """Scan bytes handed to pickle.loads / torch's _load_from_bytes: a pickle, a torch zip, anything."""
 
     def nested(data: bytes, source: str, offset: int) -> list[UnsafeRef]:
         if level > limits.max_nested:
             return []
-        inner = _nested_scanner(policy, limits, level + 1)
-        if data[:4] == b"PK\x03\x04":
-            zscan = scan_zip_bytes(data, source, policy, scan_limits=limits, nested=inner)
-            return [u for p in zscan.pickles for u in p.unsafe]
-        if looks_like_pickle(data[:2]):
-            return scan_pickle(data, source, policy, limits, nested=inner).unsafe
-        return []
+        from torch_skills.checkpoint.blob_scan import scan_blob
+
+        ctx = ScanContext(policy, limits, nested=_nested_scanner(policy, limits, level + 1))
+        return [u for p in scan_blob(data, source, ctx, strict=True).pickles for u in p.unsafe]
 
     return nested
 
 
-def scan_file(path: Path, name: str, policy: Policy, limits: ScanLimits) -> FileScan:
-    """Scan one file according to what its bytes say it is."""
+def _context(policy: Policy, limits: ScanLimits) -> ScanContext:
+    return ScanContext(policy, limits, nested=_nested_scanner(policy, limits))
+
+
+def scan_file(
+    path: Path,
+    name: str,
+    policy: Policy,
+    limits: ScanLimits,
+    strict: bool = True,
+    ctx: ScanContext | None = None,
+) -> FileScan:
+    """Scan one file according to what its bytes say it is; never raises for a corrupt file."""
+    try:
+        return _scan_file(path, name, policy, limits, strict, ctx or _context(policy, limits))
+    except (Exception, RecursionError) as e:  # noqa: BLE001 - a reader bug must not hide the file
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return FileScan(
+            path,
+            name,
+            "unknown",
+            _size(path),
+            problems=[
+                Problem(
+                    "unreadable_file",
+                    name,
+                    f"corrupt/unreadable: {type(e).__name__}: {str(e)[:200]} (in {Path(where.filename).name}:"
+                    f"{where.lineno}); it cannot be verified",
+                )
+            ],
+        )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _scan_file(
+    path: Path, name: str, policy: Policy, limits: ScanLimits, strict: bool, ctx: ScanContext
+) -> FileScan:
     size = path.stat().st_size
     if size == 0:
         return FileScan(path, name, "unknown", 0, problems=[Problem("empty_file", name, "the file is empty")])
     kind = sniff(path)
-    nested = _nested_scanner(policy, limits)
+    nested = ctx.nested
     if kind == "zip":
-        zscan = scan_zip_file(path, policy, scan_limits=limits, source=name)
-        fmt = "torchscript" if zscan.is_torchscript else ("torch_zip" if zscan.data_pkl else "unknown")
+        zscan = scan_zip_file(path, policy, scan_limits=limits, source=name, ctx=ctx)
+        names = [m.name for m in zscan.members]
+        if zscan.is_torchscript:
+            fmt = "torchscript"
+        elif zscan.data_pkl:
+            fmt = "torch_zip"
+        elif names and all(n.endswith(".npy") for n in names):
+            fmt = "numpy"
+        else:
+            fmt = "archive"
         result = FileScan(path, name, fmt, size, zscan.pickles, list(zscan.problems), zip=zscan)
         if zscan.is_torchscript:
             result.problems.append(
@@ -207,20 +279,28 @@ def scan_file(path: Path, name: str, policy: Policy, limits: ScanLimits) -> File
         index = read_safetensors_index(path)
         return FileScan(path, name, "safetensors_index", size, problems=list(index.problems), index=index)
     if kind == "tar":
+        with open(path, "rb") as f:
+            t = scan_tar(f, name, ctx)
         return FileScan(
-            path,
-            name,
-            "legacy_tar",
-            size,
-            problems=[
-                Problem(
-                    "legacy_tar_format",
-                    name,
-                    "a tar-format checkpoint from torch < 0.4; its pickles are not scanned. Load it once "
-                    "in a sandbox and re-save it with torch.save",
-                )
-            ],
+            path, name, "legacy_tar" if t.torch_legacy else "archive", size, t.pickles, t.problems
         )
+    if kind.startswith("unscanned:"):
+        return FileScan(path, name, "archive", size, problems=[unscanned_problem(kind, name)])
+    if kind == "npy":
+        return _scan_npy_file(path, name, size, ctx)
+    if kind in COMPRESSED.values() or kind == "zlib":
+        if size > ctx.max_blob_bytes:
+            problem = Problem(
+                "file_too_large", name, f"a {size}-byte {kind} stream; too large to decompress and scan"
+            )
+            return FileScan(path, name, "archive", size, problems=[problem])
+        found = scan_compressed(kind, path.read_bytes(), name, ctx, 0, strict)
+        if not found.pickles and not found.problems and kind == "zlib":
+            kind = "pickle"  # two bytes that only looked like a zlib header
+        else:
+            return FileScan(
+                path, name, "pickle" if found.pickles else "archive", size, found.pickles, found.problems
+            )
     if kind == "pickle":
         try:
             with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -237,7 +317,13 @@ def scan_file(path: Path, name: str, policy: Policy, limits: ScanLimits) -> File
                 f"the {size}-byte file could not be memory-mapped for scanning ({e}); raise memory_limit_gib",
             )
             return FileScan(path, name, "pickle", size, problems=[problem])
-        if scan.pickles == 0 and scan.opcodes <= 1:
+        not_pickle = scan.pickles == 0 and scan.opcodes <= 1
+        lenient_data = not strict and not (
+            scan.unsafe_total or scan.complete or scan.limit_hit or scan.frame_crossings
+        )
+        if not_pickle or lenient_data:
+            if not strict:
+                return FileScan(path, name, "data", size)
             return FileScan(
                 path,
                 name,
@@ -248,6 +334,8 @@ def scan_file(path: Path, name: str, policy: Policy, limits: ScanLimits) -> File
                 ],
             )
         return FileScan(path, name, "pickle", size, [scan])
+    if not strict:
+        return FileScan(path, name, "data", size)
     return FileScan(
         path,
         name,
@@ -257,10 +345,42 @@ def scan_file(path: Path, name: str, policy: Policy, limits: ScanLimits) -> File
             Problem(
                 "unknown_format",
                 name,
-                "not a torch.save zip, legacy torch file, pickle, safetensors or DCP file; cannot verify it",
+                "not a torch.save zip, legacy torch file, pickle, safetensors, numpy, archive or DCP file; "
+                "cannot verify it",
             )
         ],
     )
+
+
+def _scan_npy_file(path: Path, name: str, size: int, ctx: ScanContext) -> FileScan:
+    with open(path, "rb") as f:
+        head = f.read((1 << 20) + 16)
+    header = read_npy_header(head)
+    if not header.ok:
+        problem = Problem("corrupt_npy", name, f"corrupt/unreadable .npy header: {header.problem}")
+        return FileScan(path, name, "numpy", size, problems=[problem])
+    if not header.has_object:
+        problems = []
+        if header.nbytes is not None and size - header.data_offset < header.nbytes:
+            problems.append(
+                Problem(
+                    "npy_truncated",
+                    name,
+                    f"corrupt/unreadable .npy: shape {header.shape} needs {header.nbytes} bytes, "
+                    f"{size - header.data_offset} follow the header",
+                )
+            )
+        return FileScan(path, name, "numpy", size, problems=problems)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        scan = scan_pickle(
+            data,
+            f"{name} (object array)",
+            ctx.policy,
+            ctx.limits,
+            nested=ctx.nested,
+            start=header.data_offset,
+        )
+    return FileScan(path, name, "numpy", size, [scan])
 
 
 def _check_index(root: Path, index_scan: FileScan, by_name: dict[str, FileScan]) -> None:
@@ -311,24 +431,48 @@ def _check_index(root: Path, index_scan: FileScan, by_name: dict[str, FileScan])
 
 
 def _folder_files(root: Path, problems: list[Problem]) -> list[Path]:
-    """Regular files one level down; links that leave the folder are reported and skipped."""
-    files = []
+    """Regular files under root, recursively (bounded); links that leave the folder are reported and skipped."""
+    files: list[Path] = []
     inside = root.resolve()
-    for entry in sorted(root.iterdir()):
-        if entry.is_symlink() and not entry.resolve().is_relative_to(inside):
-            problems.append(
-                Problem(
-                    "link_outside_folder",
-                    str(entry),
-                    f"a symbolic link to {entry.resolve()}, outside the checkpoint folder; not followed",
-                )
-            )
+    pending = [(root, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            problems.append(Problem("unreadable_folder", str(folder), f"corrupt/unreadable folder: {e}"))
             continue
-        if entry.is_file():
-            files.append(entry)
-            if len(files) > MAX_FOLDER_FILES:
-                break
-    return files
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                target = path.resolve()
+                if not target.is_relative_to(inside):
+                    problems.append(
+                        Problem(
+                            "link_outside_folder",
+                            str(path),
+                            f"a symbolic link to {target}, outside the checkpoint folder; not followed",
+                        )
+                    )
+                    continue
+                if target.is_dir():
+                    continue  # a link to a folder inside: its files are reached directly
+            if entry.is_dir(follow_symlinks=False):
+                if depth + 1 < MAX_FOLDER_DEPTH:
+                    pending.append((path, depth + 1))
+                else:
+                    problems.append(
+                        Problem(
+                            "folder_too_deep",
+                            str(path),
+                            f"deeper than {MAX_FOLDER_DEPTH} levels; not scanned",
+                        )
+                    )
+            elif entry.is_file():
+                files.append(path)
+                if len(files) > MAX_FOLDER_FILES:
+                    return files
+    return sorted(files)
 
 
 def scan_path(
@@ -362,59 +506,103 @@ def scan_path(
     return result
 
 
+def _is_dcp(names: set[str]) -> bool:
+    return ".metadata" in names and any(n.endswith(".distcp") for n in names)
+
+
 def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> StaticScan:
-    link_problems: list[Problem] = []
-    files = _folder_files(root, link_problems)
-    names = {p.name for p in files}
-    if any(n.endswith(".metadata") for n in names) and any(n.endswith(".distcp") for n in names):
-        dcp = scan_dcp_dir(root, policy)
-        result = StaticScan(root, True, "dcp", dcp=dcp, problems=link_problems + list(dcp.problems))
-        for entry in dcp.files:
-            fmt = "dcp_metadata" if entry.name.endswith(".metadata") else "dcp_data"
-            result.files.append(
-                FileScan(root / entry.name, entry.name, fmt, entry.bytes, entry.pickles, entry.problems)
-            )
-        return result
-    candidates = [p for p in files if p.suffix in CHECKPOINT_SUFFIXES or p.name.endswith(".index.json")]
-    skipped = [p.name for p in files if p not in candidates and p.suffix not in (".json", ".txt", ".md")]
-    fmt = (
-        "huggingface"
-        if any(n in names for n in HF_MARKERS) or any(n.endswith(".index.json") for n in names)
-        else "directory"
-    )
-    result = StaticScan(root, True, fmt, problems=link_problems)
+    problems: list[Problem] = []
+    files = _folder_files(root, problems)
+    by_folder: dict[Path, set[str]] = {}
+    for p in files:
+        by_folder.setdefault(p.parent, set()).add(p.name)
+    dcp_folders = {folder for folder, names in by_folder.items() if _is_dcp(names)}
+    top = by_folder.get(root, set())
+    if root in dcp_folders:
+        fmt = "dcp"
+    elif any(n in top for n in HF_MARKERS) or any(n.endswith(".index.json") for n in top):
+        fmt = "huggingface"
+    else:
+        fmt = "directory"
+    result = StaticScan(root, True, fmt, problems=problems)
     if len(files) > MAX_FOLDER_FILES:
         result.problems.append(
             Problem(
                 "folder_too_large",
                 str(root),
-                f"more than {MAX_FOLDER_FILES} files; only the first were scanned",
+                f"more than {MAX_FOLDER_FILES} files; the rest were not scanned, so the folder cannot be called safe",
             )
         )
-    if not candidates:
-        result.problems.append(
-            Problem(
-                "no_checkpoint_files",
-                str(root),
-                f"no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)}) in this folder; nothing was verified",
+    for folder in sorted(dcp_folders):
+        try:
+            dcp = scan_dcp_dir(folder, policy)
+        except (OSError, ValueError, RecursionError, MemoryError) as e:
+            result.problems.append(
+                Problem(
+                    "unreadable_dcp",
+                    str(folder),
+                    f"corrupt/unreadable DCP checkpoint: {type(e).__name__}: {e}",
+                )
             )
-        )
-        return result
-    if skipped:
+            continue
+        prefix = "" if folder == root else f"{folder.relative_to(root)}/"
+        if folder == root:
+            result.dcp = dcp
+        result.problems.extend(dcp.problems)
+        for entry in dcp.files:
+            fmt_ = "dcp_metadata" if entry.name.endswith(".metadata") else "dcp_data"
+            result.files.append(
+                FileScan(
+                    folder / entry.name, prefix + entry.name, fmt_, entry.bytes, entry.pickles, entry.problems
+                )
+            )
+    ctx = _context(policy, limits)
+    others = [p for p in files if p.parent not in dcp_folders]
+    data_files: list[str] = []
+    for i, path in enumerate(others):
+        name = str(path.relative_to(root))
+        if progress is not None:
+            progress(i, len(others), f"scanning {name}")
+        if path.suffix == ".json" and not path.name.endswith(".index.json"):
+            continue
+        if path.suffix == ".py":
+            result.problems.append(
+                Problem(
+                    "python_code_in_folder",
+                    name,
+                    "Python code beside the weights: transformers runs it only with trust_remote_code=True; "
+                    "read it before enabling that",
+                    severity="warning",
+                    blocks_safe=False,
+                )
+            )
+            continue
+        scanned = scan_file(path, name, policy, limits, strict=path.suffix in PICKLE_SUFFIXES, ctx=ctx)
+        if scanned.format == "data":
+            data_files.append(name)
+            continue
+        result.files.append(scanned)
+    if data_files:
         result.problems.append(
             Problem(
-                "unscanned_files",
+                "data_files",
                 str(root),
-                f"{len(skipped)} files with other extensions were not scanned (e.g. {', '.join(skipped[:3])}); "
-                "this tool never loads them, but check them before another tool does",
+                f"{len(data_files)} files hold no pickle, archive or tensor format (e.g. {', '.join(data_files[:3])}); "
+                "every file was sniffed, and these are plain data to any loader",
                 severity="info",
                 blocks_safe=False,
             )
         )
-    for i, path in enumerate(candidates):
-        if progress is not None:
-            progress(i, len(candidates), f"scanning {path.name}")
-        result.files.append(scan_file(path, path.name, policy, limits))
+    if not result.files:
+        result.problems.append(
+            Problem(
+                "no_checkpoint_files",
+                str(root),
+                "no checkpoint files (pickles, torch archives, safetensors, numpy, DCP) in this folder; "
+                "nothing was verified",
+            )
+        )
+        return result
     by_name = {f.name: f for f in result.files}
     for f in result.files:
         if f.format == "safetensors_index":

@@ -19,7 +19,7 @@ MAX_DEPTH = 64  # deeper than any real checkpoint; a hostile one stops here
 MAX_NODES = 5_000_000
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorMeta:
     """A tensor described by a header; `read()` materialises it, `chunks(n)` streams it."""
 
@@ -29,9 +29,12 @@ class TensorMeta:
     source: str  # where its bytes live, for messages
     read: Callable[[], Any] | None = None  # -> torch.Tensor
     chunks: Callable[[int], Iterator[Any]] | None = None  # (max elements) -> 1-D torch.Tensor pieces
+    # (reader, absolute offset, nbytes) when the bytes sit contiguously in a file the reader can
+    # slice (`reader.span(offset, nbytes)`): lets NaN/Inf counting read many small tensors at once
+    location: tuple[Any, int, int] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeafInfo:
     shape: tuple[int, ...]
     dtype: str
@@ -47,7 +50,7 @@ def leaf_info(value: Any) -> LeafInfo | None:
     if module.startswith("torch") and hasattr(value, "untyped_storage"):
         dtype = str(value.dtype).removeprefix("torch.")
         return LeafInfo(tuple(value.shape), dtype, value.numel() * value.element_size(), "torch")
-    if type(value).__name__ == "ndarray" and module.startswith("numpy"):
+    if module.startswith("numpy") and any(c.__name__ == "ndarray" for c in type(value).__mro__):  # memmap too
         return LeafInfo(tuple(value.shape), f"numpy.{value.dtype.name}", int(value.nbytes), "numpy")
     return None
 
@@ -62,8 +65,14 @@ def is_tensor_mapping(value: Any) -> bool:
 def walk(
     obj: Any, prefix: str = "", max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
 ) -> Iterator[tuple[str, Any]]:
-    """(dotted path, leaf) for every tensor-like leaf, depth-first, within the bounds."""
+    """(dotted path, leaf) for every tensor-like leaf, depth-first, within the bounds.
+
+    Each container is entered once (a visited set of ids), so a list that holds itself or a
+    billion-laughs pickle (containers shared through the memo) costs their size, not their paths.
+    Leaves are not deduplicated: tied weights appear under each of their names.
+    """
     stack: list[tuple[str, Any, int]] = [(prefix, obj, 0)]
+    entered: set[int] = set()
     seen = 0
     while stack:
         path, value, depth = stack.pop()
@@ -75,6 +84,10 @@ def walk(
             continue
         if depth >= max_depth:
             continue
+        if isinstance(value, (Mapping, list, tuple)):
+            if id(value) in entered:
+                continue
+            entered.add(id(value))
         if isinstance(value, Mapping):
             items = list(value.items())
         elif isinstance(value, (list, tuple)):

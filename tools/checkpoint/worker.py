@@ -39,6 +39,12 @@ from torch_skills.checkpoint.report import SKILL, build_findings, build_summary
 from torch_skills.checkpoint.resume import file_role, find_resume_roles, get_path, optimizer_checks
 from torch_skills.checkpoint.scan import StaticScan, scan_path
 from torch_skills.checkpoint.tree import TensorMeta, is_tensor_mapping, leaf_info, walk
+from torch_skills.checkpoint.verdict import (
+    allowlist_recipe,
+    file_verdict,
+    needs_safe_globals,
+    overall_verdict,
+)
 from torch_skills.results import Finding
 from torch_skills.runner.child import JobContext
 from torch_skills.runner.errors import UserCodeError
@@ -73,11 +79,29 @@ def _static_facts(scan: StaticScan, max_listed: int) -> dict[str, Any]:
     allowed: dict[str, str] = {}
     for p in pickles:
         allowed.update(p.globals_used)
+    verdict = overall_verdict(scan)
+    needs = sorted(n for n, tier in allowed.items() if tier in ("numpy", "data"))
+    target = str(scan.path)
+    if (
+        scan.is_dir
+    ):  # the recipe names the first file that needs it; files[].needs_safe_globals lists the rest
+        target = next((str(f.path) for f in scan.files if needs_safe_globals(f)), str(scan.path))
     return {
         "format": scan.format if scan.format != "safetensors_index" else "safetensors_sharded",
-        "files": [FileInfo(name=f.name, format=f.format, bytes=f.bytes) for f in scan.files],
+        "files": [
+            FileInfo(
+                name=f.name,
+                format=f.format,
+                bytes=f.bytes,
+                verdict=file_verdict(f),
+                needs_safe_globals=needs_safe_globals(f),
+            )
+            for f in scan.files
+        ],
         "size_bytes": scan.bytes,
-        "safe": scan.safe,
+        "safe": scan.safe and verdict in ("safe", "safe_with_allowlist"),
+        "verdict": verdict,
+        "allowlist_recipe": allowlist_recipe(needs, target) if verdict == "safe_with_allowlist" else None,
         "unsafe_globals": [
             UnsafeGlobal(
                 source=u.source,
@@ -115,7 +139,7 @@ def _static_facts(scan: StaticScan, max_listed: int) -> dict[str, Any]:
             for p in pickles[:max_listed]
         ],
         "globals_allowed": sorted(allowed),
-        "needs_safe_globals": sorted(n for n, tier in allowed.items() if tier == "numpy"),
+        "needs_safe_globals": needs,
         "scan_seconds": scan.seconds,
     }
 
@@ -272,7 +296,7 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
     torch.set_num_threads(min(2, torch.get_num_threads()))
     path = _resolve_path(request.path, job)
     job.progress(0, 4, "static scan (nothing is loaded yet)")
-    scan = scan_path(path, Policy(numpy=request.allow_numpy))
+    scan = scan_path(path, Policy(numpy=request.allow_numpy, data_classes=request.allow_data_classes))
     facts = _static_facts(scan, request.max_listed)
     loaded: LoadedCheckpoint | None = None
     load_error = None
@@ -284,6 +308,8 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
             load_error = str(e)
         if loaded is not None and loaded.problems:
             facts["safe"] = False
+            facts["verdict"] = "unsafe"
+            facts["allowlist_recipe"] = None
             facts["problems"] += [
                 FileProblem(
                     code=p.code, source=p.source, message=p.message, severity=p.severity, blocks_safe=True
@@ -298,8 +324,14 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
     scanned = False
     if loaded is not None and request.scan_nonfinite:
         job.progress(2, 4, "counting NaN/Inf")
-        nonfinite = find_nonfinite(obj, loaded.mapped_file, request.max_listed)
-        scanned = True
+        try:
+            nonfinite = find_nonfinite(obj, loaded.mapped_file, request.max_listed)
+            scanned = True
+        except (CheckpointLoadError, OSError, RuntimeError, ValueError) as e:
+            # tensor bytes the headers promised but the file does not hold (a DCP item or range cut short)
+            load_error = (
+                f"corrupt/unreadable tensor data while counting NaN/Inf: {type(e).__name__}: {str(e)[:400]}"
+            )
     key_mismatch = None
     run_result = None
     model_params = None

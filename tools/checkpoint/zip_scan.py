@@ -1,21 +1,25 @@
-"""Inspect a torch.save zip archive as hostile input and scan every pickle in it.
+"""Inspect a zip archive (torch.save, .npz, torch.export .pt2, anything zipped) as hostile input.
 
 Use:
 
     scan = scan_zip_file("model.pt")                      # or scan_zip(fileobj, size, source)
-    scan.pickles      # PickleScan of data.pkl, every *.pkl, and any member that starts like a pickle
+    scan.pickles      # PickleScan of data.pkl and of every pickle found in any member
     scan.problems     # Problem(...) for a truncated file, '..' or absolute names, duplicate names,
-                      # sizes beyond the file, overlapping members, zip bombs, encryption...
-    scan.data_pkl     # the member torch.load would unpickle ("archive/data.pkl")
+                      # sizes beyond the file, overlapping members, zip bombs, lying sizes, encryption...
+    scan.data_pkl     # the member torch.load would unpickle ("archive/data.pkl"), if any
 
 The end-of-central-directory record is read first, so a claimed million entries or a central
-directory beyond the file is refused before `zipfile` builds anything. Members torch reads as
-raw storage bytes (those data.pkl's persistent ids name) are never parsed as pickles; every other
-member that begins with a PROTO opcode is, since nothing but a pickle starts that way in a torch
-archive. Reads are bounded by `ZipLimits`.
+directory beyond the file is refused before `zipfile` builds anything. Bombs are refused from the
+headers, before any byte is inflated: a declared ratio over `ZipLimits.max_ratio`, compressed
+data larger than deflate could produce for the declared size (a lying header), or declared sizes
+past `max_total_bytes`. Members torch reads as raw storage bytes (those data.pkl's persistent
+ids name) are never parsed as pickles; every other member, whatever its name, is read in pieces
+(never past its declared size) and handed to `blob_scan.scan_blob`, which finds pickles of any
+protocol (with or without PROTO), .npy object arrays, nested archives and compressed streams.
+Every zipfile error (bad deflate data, version needed 255, empty names, negative seeks) becomes
+a "corrupt/unreadable" problem.
 
-Known limitations: compressed members are read through zipfile's streaming decompressor, capped
-at `max_pickle_bytes`; a TorchScript archive's code/ is reported, not analysed.
+Known limitations: a TorchScript archive's code/ is reported, not analysed.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import io
 import os
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from torch_skills.checkpoint.allowlist import Policy
-from torch_skills.checkpoint.pickle_scan import PickleScan, ScanLimits, looks_like_pickle, scan_pickle
+from torch_skills.checkpoint.blob_scan import ScanContext, kind_of, scan_blob
+from torch_skills.checkpoint.pickle_scan import PickleScan, ScanLimits, scan_pickle
 from torch_skills.checkpoint.problems import Problem
 
 _EOCD = b"PK\x05\x06"
@@ -44,6 +50,8 @@ class ZipLimits:
     max_entries: int = 1_000_000  # a 100k-tensor checkpoint has ~100k members
     max_pickle_bytes: int = 1 << 30  # data.pkl of the largest public models is a few MiB
     max_ratio: int = 1_000  # deflate tops out near 1032:1; more is a crafted bomb
+    max_total_bytes: int = 8 << 30  # declared uncompressed bytes of one archive, all members
+    read_whole_below: int = 64 << 20  # members up to this size are read whole; larger ones are sniffed
 
 
 @dataclass
@@ -65,6 +73,7 @@ class ZipScan:
     data_pkl_sha256: str | None = None
     is_torchscript: bool = False
     storage_members: set[str] = field(default_factory=set)
+    refused_members: set[str] = field(default_factory=set)  # bombs and members past the file's end
     pickles: list[PickleScan] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
@@ -79,14 +88,15 @@ def scan_zip_file(
     limits: ZipLimits | None = None,
     scan_limits: ScanLimits | None = None,
     source: str | None = None,
+    ctx: ScanContext | None = None,
 ) -> ZipScan:
     """`scan_zip` on a file path."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        return scan_zip(f, size, source or os.fspath(path), policy, limits, scan_limits)
+        return scan_zip(f, size, source or os.fspath(path), policy, limits, scan_limits, ctx=ctx)
 
 
-def _problem(scan: ZipScan, code: str, member: str | None, message: str, **kw) -> None:
+def _problem(scan: ZipScan, code: str, member: str | None, message: str, **kw) -> None:  # noqa: D103
     where = f"{scan.source}::{member}" if member else scan.source
     scan.problems.append(Problem(code, where, message, **kw))
 
@@ -189,6 +199,10 @@ def _check_name(scan: ZipScan, name: str) -> None:
         )
     if "\x00" in name:
         _problem(scan, "zip_bad_name", name, "member name contains a NUL byte")
+    if not name:
+        _problem(
+            scan, "zip_bad_name", "<empty>", "a member with an empty name: zip readers disagree on what it is"
+        )
 
 
 def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, limits: ZipLimits) -> None:
@@ -239,6 +253,7 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
                 f"member claims {info.compress_size} bytes at offset {data_offset}, past the end of the "
                 f"{size}-byte file (truncated or crafted)",
             )
+            scan.refused_members.add(name)
             continue
         if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
             _problem(
@@ -256,8 +271,22 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
                 "zip_bomb",
                 name,
                 f"member inflates {info.compress_size} bytes to a declared {info.file_size} "
-                f"(over {limits.max_ratio}:1): a decompression bomb",
+                f"(over {limits.max_ratio}:1): a decompression bomb; it was not decompressed",
             )
+            scan.refused_members.add(name)
+        if (
+            info.compress_type == zipfile.ZIP_DEFLATED
+            and info.compress_size > info.file_size + info.file_size // 64 + 1024
+        ):
+            # deflate never grows data by more than a few bytes per 16 KiB block: the size is a lie
+            _problem(
+                scan,
+                "zip_size_lie",
+                name,
+                f"{info.compress_size} compressed bytes cannot deflate to the declared {info.file_size}: the header "
+                "lies about the member's size (a bomb, or a file built to confuse zip readers); not decompressed",
+            )
+            scan.refused_members.add(name)
         spans.append((info.header_offset, data_end, name))
         scan.members.append(
             ZipMember(name, data_offset, info.compress_size, info.file_size, info.compress_type)
@@ -275,39 +304,72 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
 
 
 def _read_member(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits, cap: int | None = None
 ) -> bytes | None:
-    if info.file_size > limits.max_pickle_bytes:
+    """The member's bytes, read in pieces and never more than its declared size or `cap`."""
+    cap = limits.max_pickle_bytes if cap is None else cap
+    if info.file_size > cap:
         _problem(
             scan,
             "pickle_too_large",
             info.filename,
-            f"pickle member is {info.file_size} bytes (limit {limits.max_pickle_bytes}); not scanned",
+            f"member is {info.file_size} bytes (limit {cap}); not scanned",
         )
         return None
+    out = bytearray()
     try:
         with zf.open(info) as member:
-            data = member.read(limits.max_pickle_bytes + 1)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
-        _problem(scan, "corrupt_zip", info.filename, f"cannot read the member: {e}")
+            while len(out) <= info.file_size:
+                piece = member.read(min(1 << 20, info.file_size + 1 - len(out)))
+                if not piece:
+                    break
+                out += piece
+    except (
+        zipfile.BadZipFile,
+        OSError,
+        EOFError,
+        ValueError,
+        NotImplementedError,
+        RuntimeError,
+        zlib.error,
+    ) as e:
+        _problem(scan, "corrupt_zip", info.filename, f"corrupt/unreadable member: {e}")
         return None
-    if len(data) != info.file_size:
+    if len(out) != info.file_size:
         _problem(
             scan,
             "zip_size_mismatch",
             info.filename,
-            f"member holds {len(data)} bytes but declares {info.file_size}",
+            f"member holds {len(out)} bytes but declares {info.file_size}",
         )
         return None
-    return data
+    return bytes(out)
 
 
-def _peek(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+def _peek(zf: zipfile.ZipFile, info: zipfile.ZipInfo, n: int = 512) -> bytes:
     try:
         with zf.open(info) as member:
-            return member.read(2)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError):
+            return member.read(n)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error):
         return b""
+
+
+# what zipfile raises on hostile bytes: version needed 255 (NotImplementedError), an empty name
+# (IndexError in ZipInfo.is_dir), a negative seek (ValueError), a bad deflate stream (zlib.error)
+_READER_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    struct.error,
+    NotImplementedError,
+    IndexError,
+    KeyError,
+    OverflowError,
+    RuntimeError,
+    zlib.error,
+)
 
 
 def scan_zip(
@@ -318,74 +380,145 @@ def scan_zip(
     limits: ZipLimits | None = None,
     scan_limits: ScanLimits | None = None,
     nested=None,
+    ctx: ScanContext | None = None,
+    depth: int = 0,
 ) -> ZipScan:
-    """Check the archive's structure, then scan data.pkl and every other pickle-like member."""
+    """Check the archive's structure, then scan data.pkl and every other member by its content."""
     limits = limits or ZipLimits()
+    if ctx is None:
+        ctx = ScanContext(policy or Policy(), scan_limits or ScanLimits(), nested=nested)
+    policy, scan_limits, nested = ctx.policy, ctx.limits, ctx.nested
     scan = ZipScan(source=source, size=size)
     if not _read_eocd(f, size, scan, limits):
         return scan
     f.seek(0)
     try:
         zf = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as e:
-        _problem(scan, "corrupt_zip", None, f"the archive cannot be opened: {e}")
+    except _READER_ERRORS as e:
+        _problem(
+            scan,
+            "corrupt_zip",
+            None,
+            f"corrupt/unreadable: the archive cannot be opened ({type(e).__name__}: {e})",
+        )
         return scan
     with zf:
-        _check_members(f, size, zf, scan, limits)
-        infos = zf.infolist()
-        if not infos:
-            _problem(scan, "corrupt_zip", None, "the archive has no members")
-            return scan
-        first = infos[0].filename
-        scan.prefix = first.split("/", 1)[0] if "/" in first else ""
-        data_name = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
-        by_name = {i.filename: i for i in infos}
-        scan.is_torchscript = (f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl") in by_name
-        scanned: set[int] = set()
-        if data_name in by_name:
-            scan.data_pkl = data_name
-            info = by_name[data_name]
-            data = _read_member(zf, info, scan, limits)
-            if data is not None:
-                scan.data_pkl_sha256 = hashlib.sha256(data).hexdigest()
-                result = scan_pickle(data, f"{source}::{data_name}", policy, scan_limits, nested=nested)
-                scan.pickles.append(result)
-                for pid in result.persistent_ids:
-                    if len(pid) >= 3 and pid[0] == "storage":
-                        scan.storage_members.add(
-                            f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
-                        )
-            scanned.add(id(info))
-        else:
+        try:
+            _scan_open_zip(f, size, zf, scan, limits, ctx, depth)
+        except _READER_ERRORS as e:
+            _problem(scan, "corrupt_zip", None, f"corrupt/unreadable: {type(e).__name__}: {str(e)[:200]}")
+    return scan
+
+
+def _scan_open_zip(
+    f: BinaryIO,
+    size: int,
+    zf: zipfile.ZipFile,
+    scan: ZipScan,
+    limits: ZipLimits,
+    ctx: ScanContext,
+    depth: int,
+) -> None:
+    policy, scan_limits, nested, source = ctx.policy, ctx.limits, ctx.nested, scan.source
+    _check_members(f, size, zf, scan, limits)
+    infos = zf.infolist()
+    if not infos:
+        _problem(scan, "corrupt_zip", None, "the archive has no members")
+        return
+    first = infos[0].filename
+    scan.prefix = first.split("/", 1)[0] if "/" in first else ""
+    data_name = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
+    by_name = {i.filename: i for i in infos}
+    scan.is_torchscript = (f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl") in by_name
+    scanned: set[int] = set()
+    declared = sum(i.file_size for i in infos if i.filename not in scan.refused_members)
+    if declared > limits.max_total_bytes:
+        _problem(
+            scan,
+            "zip_too_large_to_scan",
+            None,
+            f"the members declare {declared} bytes uncompressed (limit {limits.max_total_bytes}); "
+            "members past the limit were not scanned",
+        )
+    if data_name in by_name and data_name not in scan.refused_members:
+        scan.data_pkl = data_name
+        info = by_name[data_name]
+        data = _read_member(zf, info, scan, limits)
+        if data is not None:
+            scan.data_pkl_sha256 = hashlib.sha256(data).hexdigest()
+            result = scan_pickle(data, f"{source}::{data_name}", policy, scan_limits, nested=nested)
+            scan.pickles.append(result)
+            for pid in result.persistent_ids:
+                if len(pid) >= 3 and pid[0] == "storage":
+                    scan.storage_members.add(
+                        f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
+                    )
+        scanned.add(id(info))
+    else:
+        _problem(
+            scan,
+            "zip_no_data_pkl",
+            None,
+            f"no {data_name}: not an archive torch.save wrote (torch.load cannot read it); every member "
+            "was scanned by its content",
+            severity="info",
+            blocks_safe=False,
+        )
+    for key in sorted(scan.storage_members):
+        if key not in by_name:
             _problem(
                 scan,
-                "zip_no_data_pkl",
-                None,
-                f"no {data_name}: this zip was not written by torch.save, and torch.load cannot read it",
+                "zip_missing_storage",
+                key,
+                "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
                 blocks_safe=False,
             )
-        for key in sorted(scan.storage_members):
-            if key not in by_name:
-                _problem(
-                    scan,
-                    "zip_missing_storage",
-                    key,
-                    "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
-                    blocks_safe=False,
-                )
-        for info in infos:
-            if id(info) in scanned or info.filename in scan.storage_members or info.is_dir():
-                continue
-            named_pickle = info.filename.endswith((".pkl", ".pickle"))
-            if not named_pickle and not looks_like_pickle(_peek(zf, info)):
-                continue
-            data = _read_member(zf, info, scan, limits)
-            if data is None:
-                continue
-            scan.pickles.append(
-                scan_pickle(data, f"{source}::{info.filename}", policy, scan_limits, nested=nested)
-            )
-    return scan
+    for info in infos:
+        if (
+            id(info) in scanned
+            or info.filename in scan.storage_members
+            or info.filename in scan.refused_members
+            or info.is_dir()
+        ):
+            continue
+        _scan_member(zf, info, scan, limits, ctx, depth)
+
+
+def _scan_member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits, ctx: ScanContext, depth: int
+) -> None:
+    """Scan one member by content (pickle, .npy, nested archive, compressed stream, or data)."""
+    where = f"{scan.source}::{info.filename}"
+    head = _peek(zf, info, 512)
+    kind = kind_of(head)
+    if kind in ("data", "safetensors") or not head:
+        return
+    size = info.file_size
+    if size > limits.read_whole_below and kind in ("pickle", "npy"):
+        # sniff a large member first: raw tensor bytes that merely start like a pickle stop early
+        head = _peek(zf, info, limits.read_whole_below)
+        if kind == "npy":
+            found = scan_blob(head, where, ctx, depth)
+            if not found.pickles and not found.problems:
+                return  # plain-dtype array: the header is all that matters
+        else:
+            sniff = scan_pickle(head, where, ctx.policy, ctx.limits, nested=ctx.nested)
+            if not (sniff.truncated or sniff.unsafe_total or sniff.complete or sniff.limit_hit):
+                return  # stops on a bad opcode before importing anything: not a pickle
+    if not ctx.spend(size):
+        _problem(
+            scan,
+            "scan_budget_exhausted",
+            info.filename,
+            "the scan's decompression budget is spent (many or huge members); this member was not scanned",
+        )
+        return
+    data = _read_member(zf, info, scan, limits, cap=ctx.max_blob_bytes)
+    if data is None:
+        return
+    found = scan_blob(data, where, ctx, depth)
+    scan.pickles.extend(found.pickles)
+    scan.problems.extend(found.problems)
 
 
 def scan_zip_bytes(data: bytes, source: str, policy: Policy | None = None, **kw) -> ZipScan:
