@@ -62,6 +62,7 @@ def dists(tmp_path_factory) -> dict[str, Path]:
     """The sdist and the wheel, built from a copy of this repository."""
     try:
         import setuptools  # noqa: F401
+
         import build  # noqa: F401
     except ModuleNotFoundError as e:
         pytest.fail(f"{e.name} is missing: `pip install -e '.[dev]'` installs it (needed to build offline)")
@@ -167,7 +168,9 @@ def test_the_sdist_keeps_the_repository_layout(dists):
 
 def test_the_installed_package_is_imported_from_the_install_not_the_clone(installed, project):
     """From a project with its own tools/ package, `import torch_skills` resolves to the installed copy."""
-    run = _run([sys.executable, "-c", "import torch_skills, sys; print(torch_skills.__file__)"], installed, project)
+    run = _run(
+        [sys.executable, "-c", "import torch_skills, sys; print(torch_skills.__file__)"], installed, project
+    )
     assert run.returncode == 0, run.stderr
     assert Path(run.stdout.strip()).resolve().is_relative_to(installed.resolve())
 
@@ -193,7 +196,10 @@ def test_the_console_script_answers_version_and_check(installed, project):
 async def test_the_console_script_serves_the_installed_skills_over_stdio(installed, project):
     """Launched by a client from the user's project, the installed script lists tools and serves skills."""
     params = StdioServerParameters(
-        command=str(installed / "bin" / "torch-skills"), args=["--no-prewarm"], cwd=str(project), env=_env(installed)
+        command=str(installed / "bin" / "torch-skills"),
+        args=["--no-prewarm"],
+        cwd=str(project),
+        env=_env(installed),
     )
     async with Client(params) as c:
         names = {t.name for t in (await c.list_tools()).tools}
