@@ -17,7 +17,6 @@ tests/test_run_without_clone.py's for uvx and pipx).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -34,12 +33,10 @@ except ModuleNotFoundError:  # Python 3.10
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from tests.repo_copy import copy_repository
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "torch_skills"
-NOT_COPIED = shutil.ignore_patterns(
-    ".git", ".venv*", "build", "dist", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache",
-    ".checkpoint-corpus-*", ".demo", "results", "report.md",
-)  # fmt: skip
 TRAP = "raise ImportError('the installed torch-skills imported the project folder {name}/')\n"
 
 
@@ -66,8 +63,7 @@ def dists(tmp_path_factory) -> dict[str, Path]:
         import build  # noqa: F401
     except ModuleNotFoundError as e:
         pytest.fail(f"{e.name} is missing: `pip install -e '.[dev]'` installs it (needed to build offline)")
-    src = tmp_path_factory.mktemp("src") / "torch-skills"
-    shutil.copytree(REPO, src, ignore=NOT_COPIED)
+    src = copy_repository(tmp_path_factory.mktemp("src"))
     out = src.parent / "dist"
     run = subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
