@@ -12,7 +12,10 @@ Prints three tables, each against a baseline measured in the same run:
      torch worker prewarmed), `tools/list` is answered, then `check_gradients` on
      bench/tiny_mlp.py is sent at once; the seconds from sending it to its result (goal <= 2 s),
      next to a warm call on the same server and a cold `python -c "import torch"`;
-  3. `--help`: `python server.py --help` against `python -c pass`.
+  3. `--help`: `python server.py --help` against `python -c pass`;
+  4. the CPU seconds (not wall) a process spends importing and building each server, the bare
+     one against torch-skills (`build_server()` without the worker): the start-up work itself,
+     much less sensitive to other load on the machine than the wall-clock ratio of table 1.
 The load average before and after is printed: on a shared machine the absolute times move with
 the load, the ratios much less.
 
@@ -38,6 +41,17 @@ from mcp.client.stdio import StdioServerParameters
 REPO = Path(__file__).resolve().parents[1]
 CALL = ("check_gradients", {"model": "bench/tiny_mlp.py:build", "inputs": "bench/tiny_mlp.py:make_inputs"})
 
+CPU_OURS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import server
+from torch_skills import cli
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.server import build_server
+build_server(DEFAULT_SKILLS_DIR, prewarm=False)
+print(time.process_time())
+"""
+
 BARE_SERVER = '''
 from mcp.server.mcpserver import MCPServer
 mcp = MCPServer("bare")
@@ -49,6 +63,7 @@ def ping() -> str:
 
 mcp.run()
 '''
+CPU_BARE = BARE_SERVER.replace("mcp.run()", "import time\nprint(time.process_time())")
 
 
 def _params(args: list[str]) -> StdioServerParameters:
@@ -84,6 +99,11 @@ def _timed_process(args: list[str]) -> float:
     started = time.perf_counter()
     subprocess.run(args, cwd=REPO, check=True, capture_output=True)
     return time.perf_counter() - started
+
+
+def _cpu_seconds(args: list[str]) -> float:
+    out = subprocess.run([sys.executable, *args], cwd=REPO, check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def _row(name: str, values: list[float]) -> str:
@@ -137,6 +157,15 @@ async def main(runs: int, call_runs: int) -> None:
     _header("3. --help")
     print(_row("python server.py --help", helps))
     print(_row("baseline: python -c pass", floor))
+
+    cpu_bare, cpu_ours = [], []
+    for _ in range(runs):  # interleaved
+        cpu_bare.append(_cpu_seconds(["-c", CPU_BARE]))
+        cpu_ours.append(_cpu_seconds(["-c", CPU_OURS, str(REPO)]))
+    _header("4. CPU seconds to import and build the server (no stdio, no worker)")
+    print(_row("bare MCPServer (1 tool)", cpu_bare))
+    print(_row("torch-skills build_server()", cpu_ours))
+    print(f"ratio (medians): {statistics.median(cpu_ours) / statistics.median(cpu_bare):.2f}")
     print(
         f"\nload average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)"
     )
