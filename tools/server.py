@@ -15,7 +15,7 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -71,9 +71,10 @@ worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradche
 'path/to/file.py:factory'. Clients without the Skills extension can use `list_skills` and
 `get_skill`."""
 
-# Seconds after start-up before the torch worker is started: the handshake and tools/list come
-# first (bench/startup.py), and an agent's first tool call comes later than that.
-PREWARM_DELAY_S = 1.0
+# Seconds after start-up before the torch worker is started. 0: its `import torch` runs on the
+# other core while the handshake and tools/list are answered, and the first tool call waits for
+# torch only, not for the other tool modules (runner/zygote.py); bench/startup.py measures both.
+PREWARM_DELAY_S = 0.0
 
 # Modules the warm worker imports before forking, so every call starts with them loaded.
 WORKER_PRELOAD = (
@@ -332,7 +333,7 @@ def _register_skill_tools(mcp: MCPServer, pack: SkillPack) -> None:
 
 
 def _register_route(mcp: MCPServer, pack: SkillPack) -> None:
-    router = Router.from_pack(pack)
+    router = functools.cache(lambda: Router.from_pack(pack))  # parsed on the first call, not at start-up
 
     @mcp.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False))
     def route(
@@ -348,7 +349,7 @@ def _register_route(mcp: MCPServer, pack: SkillPack) -> None:
         engineering, e.g. TensorFlow, JAX, pandas, scikit-learn, driver installs, ML theory: tell the
         user `reason`). Also `evidence` (matched router phrases), `confidence` and `ignored_lines`
         (pasted collect_env or issue-template lines). Pass the user's words verbatim."""
-        return router.route(query)
+        return router().route(query)
 
 
 PROMPT_TEXT = """\
@@ -367,25 +368,25 @@ def _prompt_template() -> Any:
     return jinja2.Template(PROMPT_TEXT, undefined=jinja2.StrictUndefined)
 
 
-def _prompt_renderer(name: str, tools: list[str]):
+def _prompt_renderer(name: str, tools_by_skill: Callable[[], dict[str, list[str]]]):
     def render(
         problem: Annotated[
             str, Field(description="the symptom, error message or question, in your own words")
         ],
     ) -> str:
-        return _prompt_template().render(name=name, tools=tools, problem=problem)
+        return _prompt_template().render(name=name, tools=tools_by_skill().get(name, []), problem=problem)
 
     return render
 
 
 def _register_prompts(mcp: MCPServer, pack: SkillPack) -> None:
-    tools_by_skill = skill_tools(pack)
+    tools_by_skill = functools.cache(lambda: skill_tools(pack))  # the router is parsed on first use
     for skill in pack.skills.values():
         if skill.name == ROUTER_NAME:
             continue
         mcp.add_prompt(
             Prompt.from_function(
-                _prompt_renderer(skill.name, tools_by_skill.get(skill.name, [])),
+                _prompt_renderer(skill.name, tools_by_skill),
                 name=skill.name,
                 title=skill.name.replace("-", " ").capitalize(),
                 description=skill.description,

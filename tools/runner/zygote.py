@@ -13,8 +13,13 @@ stdout+stderr that this loop drains into a bounded buffer, and a memory watchdog
 kills a child whose resident memory passes its limit (the child also gets RLIMIT_AS on CPU).
 The loop is single-threaded (select), which keeps fork safe.
 
+It runs niced (WORKER_NICE) and reports ready once torch and the first preload are imported; the
+other preloads are imported while no call is running.
+
 Known limitations: the watchdog samples every 0.2 s, so a very fast allocation burst can
-overshoot the limit briefly before the kill on CUDA jobs (CPU jobs are capped by RLIMIT_AS).
+overshoot the limit briefly before the kill on CUDA jobs (CPU jobs are capped by RLIMIT_AS). The
+niceness is inherited by the children that run user code and cannot be undone without privileges:
+on a busy machine tool runs get a smaller share of the CPU than the user's other processes.
 """
 
 from __future__ import annotations
@@ -71,9 +76,10 @@ def _group_rss_bytes(pgid: int) -> int:
 
 
 class Zygote:
-    def __init__(self, out_fd: int, cuda_available: bool):
+    def __init__(self, out_fd: int, cuda_available: bool, pending_preloads: list[str] | None = None):
         self.out_fd = out_fd
         self.cuda_available = cuda_available
+        self.pending_preloads = list(pending_preloads or ())  # imported while no call is running
         self.jobs: dict[str, _Job] = {}
         self.by_pid: dict[int, _Job] = {}
         self._stdin_buf = b""
@@ -196,6 +202,8 @@ class Zygote:
                 readable, _, _ = select.select(fds, [], [], 0.1)
             except InterruptedError:
                 readable = []
+            if not readable and not self.jobs and not self._stdin_buf and self.pending_preloads:
+                _preload(self.pending_preloads.pop(0))
             for fd in readable:
                 if fd == 0:
                     data = os.read(0, 65536)
@@ -286,12 +294,38 @@ def _die_with_parent() -> None:
         pass
 
 
+# Niceness of the warm worker and so of every child it forks: the server starts this process at
+# once, and its `import torch` must not slow the server's handshake and tools/list on a busy
+# machine (bench/startup.py). On an idle machine niceness changes nothing; under load the tool
+# runs yield to the user's other work (and profile_model reports the contention).
+WORKER_NICE = 10
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
+
+
+def _preload(module: str) -> None:
+    """Import a tool module and run its `warm_up()`; a broken module must not take the others down."""
+    try:
+        __import__(module)
+        warm_up = getattr(sys.modules[module], "warm_up", None)
+        if callable(warm_up):
+            warm_up()  # first-use costs paid once here instead of in every forked child
+    except Exception as e:
+        print(f"torch-skills worker: could not preload {module}: {e!r}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     out_fd = os.dup(1)  # the protocol channel
     os.dup2(2, 1)  # anything printed from here on goes to stderr
     sys.stdout = sys.stderr
     _die_with_parent()
+    _lower_priority()
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
 
     problem = environment_problem()
@@ -301,16 +335,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     preload = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--preload"]
-    for module in preload:
-        try:
-            __import__(module)
-            warm_up = getattr(sys.modules[module], "warm_up", None)
-            if callable(warm_up):
-                warm_up()  # first-use costs paid once here instead of in every forked child
-        except Exception as e:  # a broken tool module must not take the others down
-            print(f"torch-skills worker: could not preload {module}: {e!r}", file=sys.stderr)
+    # Only the first preload (what every call needs) comes before "ready"; the rest are imported
+    # while no call is running, so a call that arrives early waits for torch, not for every tool
+    # module (estimate_memory's imports alone take seconds). A child forked before its tool's
+    # module is preloaded imports it itself.
+    if preload:
+        _preload(preload.pop(0))
     cuda = bool(torch.cuda.is_available())
-    zygote = Zygote(out_fd, cuda)
+    zygote = Zygote(out_fd, cuda, pending_preloads=preload)
     zygote.send(
         {
             "event": "ready",

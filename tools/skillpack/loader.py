@@ -12,11 +12,10 @@ from __future__ import annotations
 import hashlib
 import mimetypes
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
-
-import yaml
 
 
 def _default_skills_dir() -> Path:
@@ -46,6 +45,37 @@ class FrontmatterError(ValueError):
     """SKILL.md has no parseable YAML frontmatter."""
 
 
+_PLAIN_LINE = re.compile(r"([A-Za-z][A-Za-z0-9_-]*):[ ]+([A-Za-z][^\t]*?)[ ]*")
+_NOT_STRINGS = {"yes", "no", "true", "false", "on", "off", "null", "y", "n"}
+
+
+def _plain_mapping(raw: str) -> dict[str, str] | None:
+    """The frontmatter when every line is `key: text` that YAML reads as exactly that string, else None.
+
+    Such a value is a one-line plain scalar: it starts with a letter (so it is no number, date,
+    quote, block or other indicator), holds no ": " or " #" (a nested mapping or a comment) and is
+    no YAML 1.1 boolean or null, and neither is its key. Anything else goes to the YAML parser
+    (tests/test_frontmatter_fast_path.py compares the two)."""
+    data: dict[str, str] = {}
+    for line in raw.split("\n")[:-1] if raw.endswith("\n") else raw.split("\n"):
+        match = _PLAIN_LINE.fullmatch(line)
+        if match is None:
+            return None
+        key, value = match.groups()
+        if (
+            key in data
+            or key.lower() in _NOT_STRINGS
+            or value.lower() in _NOT_STRINGS
+            or not value.isprintable()
+            or ": " in value
+            or " #" in value
+            or value.endswith(":")
+        ):
+            return None
+        data[key] = value
+    return data or None
+
+
 def split_frontmatter(text: str) -> tuple[dict[str, Any], str, int]:
     """(frontmatter dict, body, line number where the body starts) of a SKILL.md text."""
     lines = text.splitlines(keepends=True)
@@ -54,10 +84,14 @@ def split_frontmatter(text: str) -> tuple[dict[str, Any], str, int]:
     for i, line in enumerate(lines[1:], start=1):
         if line.strip() == "---":
             raw = "".join(lines[1:i])
-            try:
-                data = yaml.safe_load(raw) or {}
-            except yaml.YAMLError as e:
-                raise FrontmatterError(f"frontmatter is not valid YAML: {e}") from e
+            data = _plain_mapping(raw)
+            if data is None:
+                import yaml  # only for frontmatter beyond `key: plain text` lines (keeps start-up lean)
+
+                try:
+                    data = yaml.safe_load(raw) or {}
+                except yaml.YAMLError as e:
+                    raise FrontmatterError(f"frontmatter is not valid YAML: {e}") from e
             if not isinstance(data, dict):
                 raise FrontmatterError("frontmatter must be a YAML mapping with name and description")
             return data, "".join(lines[i + 1 :]), i + 2
