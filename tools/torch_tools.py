@@ -31,6 +31,7 @@ from mcp_types import ListRootsResult, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from torch_skills.refpolicy import refuse_by_name
 from torch_skills.roots import PathNotAllowed
 from torch_skills.runner.errors import WorkerError
 from torch_skills.skillpack.loader import SkillPathError, UnknownSkill
@@ -177,6 +178,8 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
     ) -> Any:
         with anticipated_errors():
             request = tool.request.model_validate({k: v for k, v in given.items() if v is not None})
+            for ref in request.code_refs():  # type: ignore[attr-defined]
+                refuse_by_name(ref)  # before any worker starts; the worker checks files and identity
         result = await run_in_worker(
             ctx,
             tool.worker,

@@ -11,6 +11,8 @@ a private duplicate.
 Each child gets a new session (so its whole process group can be killed), a pipe for its
 stdout+stderr that this loop drains into a bounded buffer, and a memory watchdog: this loop
 kills a child whose resident memory passes its limit (the child also gets RLIMIT_AS on CPU).
+This process and every job child are child subreapers: a job's descendant that starts a new
+session still belongs to the job's tree and dies with it (`torch_skills.runner.proctree`).
 The loop is single-threaded (select), which keeps fork safe.
 
 Known limitations: the watchdog samples every 0.2 s, so a very fast allocation burst can
@@ -27,9 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from torch_skills.runner import protocol
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+from torch_skills.runner import proctree, protocol
 
 
 @dataclass
@@ -41,32 +41,6 @@ class _Job:
     output: protocol.OutputBuffer = field(default_factory=protocol.OutputBuffer)
     killed_for: str | None = None
     peak_rss_bytes: int = 0
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _group_rss_bytes(pgid: int) -> int:
-    """Resident bytes of every process in the group (the child plus e.g. DataLoader workers)."""
-    total = 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return _rss_bytes(pgid)
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(name)) == pgid:
-                total += _rss_bytes(int(name))
-        except OSError:
-            continue
-    return total
 
 
 class Zygote:
@@ -114,11 +88,16 @@ class Zygote:
 
     # -- children -------------------------------------------------------------------------------
     def _kill_group(self, pid: int) -> None:
-        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        """Kill the job's process and every descendant: its group, and processes in new sessions."""
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: proctree.kill_tree(pid)):
             try:
                 target()
             except OSError:
                 pass
+
+    def _kill_orphans(self) -> None:
+        """Kill what reparented to this subreaper from jobs that are gone (e.g. setsid grandchildren)."""
+        proctree.kill_orphans(os.getpid(), keep=set(self.by_pid))
 
     def drain(self, job: _Job) -> None:
         if job.fd is None:
@@ -146,8 +125,9 @@ class Zygote:
                 return
             job = self.by_pid.pop(pid, None)
             if job is None:
-                continue
+                continue  # an orphan of a finished job, reparented here and now gone
             self._kill_group(pid)  # leftovers such as DataLoader workers
+            self._kill_orphans()  # ...and what left the group (start_new_session) before the job died
             self.drain(job)
             if job.fd is not None:  # a grandchild still holds the pipe open
                 os.close(job.fd)
@@ -173,7 +153,7 @@ class Zygote:
             return
         self._last_watch = now
         for job in list(self.jobs.values()):
-            rss = _group_rss_bytes(job.pid)
+            rss = proctree.tree_rss_bytes(job.pid)
             job.peak_rss_bytes = max(job.peak_rss_bytes, rss)
             if job.memory_limit_bytes and rss > job.memory_limit_bytes and job.killed_for is None:
                 job.killed_for = "memory"
@@ -182,6 +162,7 @@ class Zygote:
     def shutdown(self) -> None:
         for job in list(self.jobs.values()):
             self._kill_group(job.pid)
+        proctree.kill_orphans(os.getpid(), keep=set())
         sys.exit(0)
 
     # -- loop -----------------------------------------------------------------------------------
@@ -227,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(2, 1)  # anything printed from here on goes to stderr
     sys.stdout = sys.stderr
     _die_with_parent()
+    proctree.become_subreaper()  # a job's escaped descendants land here when the job ends
+    sys.dont_write_bytecode = True  # never leave __pycache__ in the user's project
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # ...nor from the processes the user's code starts
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
 
     import torch
