@@ -49,6 +49,7 @@ from torch_skills.torch_tools import (
     anticipated_errors,
     register_torch_tool,
 )
+from torch_skills.wire import install_wire_safety
 
 log = logging.getLogger("torch-skills")
 
@@ -184,6 +185,7 @@ def build_server(
         extensions=[SkillsExtension(pack)],
         lifespan=lifespan,
     )
+    install_wire_safety(mcp)  # every string leaving the server is valid UTF-8
     _register_skill_resources(mcp, pack)
     _register_skill_tools(mcp, pack)
     _register_route(mcp, pack)

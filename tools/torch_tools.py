@@ -36,6 +36,7 @@ from torch_skills.roots import PathNotAllowed
 from torch_skills.runner.errors import WorkerError
 from torch_skills.skillpack.loader import SkillPathError, UnknownSkill
 from torch_skills.userspec import CodeRef, CodeRefError
+from torch_skills.wire import wire_safe
 
 if TYPE_CHECKING:
     from torch_skills.server import ServerState
@@ -232,7 +233,7 @@ async def run_in_worker(
             roots.check(path)
 
     async def progress(done: float, total: float | None, message: str | None) -> None:
-        await ctx.report_progress(done, total, message)
+        await ctx.report_progress(done, total, wire_safe(message) if message is not None else None)
 
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     with anticipated_errors():
