@@ -33,8 +33,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 async def client(project: Path) -> AsyncIterator[Client]:
-    async with entered_in_own_task(lambda: Client(build_server(allow=[project]))) as c:
-        yield c
+    """The server, started without PYTHONDONTWRITEBYTECODE in its environment (as users run it)."""
+    saved = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    try:
+        async with entered_in_own_task(lambda: Client(build_server(allow=[project]))) as c:
+            yield c
+    finally:
+        if saved is not None:
+            os.environ["PYTHONDONTWRITEBYTECODE"] = saved
 
 
 async def test_an_existing_trace_path_is_refused_and_left_untouched(client: Client, project: Path):
