@@ -132,7 +132,9 @@ async def main(args: argparse.Namespace) -> int:
                     await _timed(client, "route", {"query": QUERIES[(i + j) % len(QUERIES)]}, lat, err)
 
         await asyncio.gather(*(one_client(i) for i in range(args.clients)))
-        rows.append(_row(f"{args.clients} clients x {args.calls} route", lat, err, time.perf_counter() - started))
+        rows.append(
+            _row(f"{args.clients} clients x {args.calls} route", lat, err, time.perf_counter() - started)
+        )
         errors = list(err)
 
         lat, err = [], []
@@ -141,7 +143,9 @@ async def main(args: argparse.Namespace) -> int:
             await asyncio.gather(
                 *(_timed(client, "check_gradients", gradient_args, lat, err) for _ in range(args.gradients))
             )
-        rows.append(_row(f"{args.gradients} concurrent check_gradients", lat, err, time.perf_counter() - started))
+        rows.append(
+            _row(f"{args.gradients} concurrent check_gradients", lat, err, time.perf_counter() - started)
+        )
         errors += err
 
         lat, err = [], []
@@ -161,7 +165,9 @@ async def main(args: argparse.Namespace) -> int:
         for row in rows:
             print(row)
         growth = (rss_end - rss_start) / rss_start * 100
-        print(f"server RSS after warm-up {rss_start / 2**20:.1f} MiB, at the end {rss_end / 2**20:.1f} MiB: {growth:+.1f}%")
+        print(
+            f"server RSS after warm-up {rss_start / 2**20:.1f} MiB, at the end {rss_end / 2**20:.1f} MiB: {growth:+.1f}%"
+        )
         print(f"processes below the server besides the warm worker: {len(left)}")
         for e in errors[:5]:
             print("error:", e)

@@ -16,13 +16,20 @@ import pytest
 
 from torch_skills.http_app import HttpConfigError, HttpSettings
 
+# Each module starts real server processes (stdio or HTTP): tens of seconds, so the slow CI step.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "t0ken-for-the-tests-only-0123456789"
 INIT = {
     "jsonrpc": "2.0",
     "id": 0,
     "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
 }
 SERVE = """
 import sys
@@ -55,7 +62,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(project: Path) -> Iterator[str]:
     port = _free_port()
     code = SERVE.format(repo=str(REPO), project=str(project), port=port, token=TOKEN)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 60
     while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
         assert time.monotonic() < deadline and proc.poll() is None, "the HTTP server did not start"
@@ -77,7 +86,9 @@ def _headers(**extra: str) -> dict[str, str]:
 def _session(http, url: str) -> dict[str, str]:
     init = http.post(url, headers=_headers(), json=INIT)
     assert init.status_code == 200, init.content
-    headers = _headers(**{"mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"})
+    headers = _headers(
+        **{"mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+    )
     http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
     return headers
 
@@ -92,7 +103,11 @@ def test_binding_beyond_loopback_without_a_token_is_refused(monkeypatch):
     assert HttpSettings.from_args("0.0.0.0", 8765).token == TOKEN
     out = subprocess.run(
         [sys.executable, "server.py", "--transport", "http", "--host", "0.0.0.0", "--no-prewarm"],
-        cwd=REPO, capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "TORCH_SKILLS_TOKEN"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "TORCH_SKILLS_TOKEN"},
     )
     assert out.returncode == 2 and "--token" in out.stderr
 
@@ -152,14 +167,19 @@ def test_a_dropped_connection_cancels_its_call_and_kills_the_job(server: str, pr
         "jsonrpc": "2.0",
         "id": 7,
         "method": "tools/call",
-        "params": {"name": "check_gradients", "arguments": {"model": f"{project / 'hang.py'}:build", "input_shape": [2, 2], "timeout_s": 300}},
+        "params": {
+            "name": "check_gradients",
+            "arguments": {"model": f"{project / 'hang.py'}:build", "input_shape": [2, 2], "timeout_s": 300},
+        },
     }
     body = json.dumps(call).encode()
     host, port = server.split(":")
     pid_file = project / "pid"
     s = socket.create_connection((host, int(port)))
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    s.sendall(f"POST /mcp HTTP/1.1\r\nhost: {server}\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+    s.sendall(
+        f"POST /mcp HTTP/1.1\r\nhost: {server}\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body
+    )
     deadline = time.monotonic() + 120
     while not (pid_file.exists() and pid_file.read_text()):
         assert time.monotonic() < deadline, "the job did not start"

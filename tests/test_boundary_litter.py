@@ -49,10 +49,19 @@ async def test_an_existing_trace_path_is_refused_and_left_untouched(client: Clie
     trace.write_text("my notes, not a trace")
     result = await client.call_tool(
         "profile_model",
-        {"model": f"{project / 'model.py'}:build", "input_shape": [2, 4], "trace_path": str(trace),
-         "warmup_steps": 1, "active_steps": 3},
+        {
+            "model": f"{project / 'model.py'}:build",
+            "input_shape": [2, 4],
+            "trace_path": str(trace),
+            "warmup_steps": 1,
+            "active_steps": 3,
+        },
     )
-    assert result.is_error and "already exists" in result.content[0].text and "another name" in result.content[0].text
+    assert (
+        result.is_error
+        and "already exists" in result.content[0].text
+        and "another name" in result.content[0].text
+    )
     assert trace.read_text() == "my notes, not a trace"
 
 
@@ -61,8 +70,13 @@ async def test_a_new_trace_path_is_written(client: Client, project: Path):
     trace = project / "traces" / "fresh.json"
     result = await client.call_tool(
         "profile_model",
-        {"model": f"{project / 'model.py'}:build", "input_shape": [2, 4], "trace_path": str(trace),
-         "warmup_steps": 1, "active_steps": 3},
+        {
+            "model": f"{project / 'model.py'}:build",
+            "input_shape": [2, 4],
+            "trace_path": str(trace),
+            "warmup_steps": 1,
+            "active_steps": 3,
+        },
     )
     assert not result.is_error, result.content[0].text
     assert trace.stat().st_size > 0 and not list(trace.parent.glob(".*tmp"))

@@ -52,7 +52,9 @@ async def test_a_grandchild_in_a_new_session_dies_when_its_call_times_out(pool: 
     """A job killed at its timeout takes its setsid() descendants with it."""
     pid_file = tmp_path / "pid"
     with pytest.raises(WorkerError) as err:
-        await pool.run(f"{BOUNDARY}:setsid_grandchild", {"pid_file": str(pid_file), "hang": True}, timeout_s=3)
+        await pool.run(
+            f"{BOUNDARY}:setsid_grandchild", {"pid_file": str(pid_file), "hang": True}, timeout_s=3
+        )
     assert err.value.kind == "timeout"
     assert await _wait_gone(int(pid_file.read_text()))
 

@@ -93,13 +93,17 @@ async def test_references_that_load_or_run_other_code_are_refused_by_every_tool(
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-async def test_a_library_model_class_and_a_src_layout_package_still_work(client: Client, project: Path, tool: str):
+async def test_a_library_model_class_and_a_src_layout_package_still_work(
+    client: Client, project: Path, tool: str
+):
     """torch.nn:Linear (an installed class) and a file inside a package with relative imports both run."""
     lib = await client.call_tool(
         tool, _arguments(tool, project, "torch.nn:Linear", model_kwargs={"in_features": 4, "out_features": 2})
     )
     assert not lib.is_error, lib.content[0].text
-    packaged = await client.call_tool(tool, _arguments(tool, project, f"{project / 'src/mypkg/models.py'}:build"))
+    packaged = await client.call_tool(
+        tool, _arguments(tool, project, f"{project / 'src/mypkg/models.py'}:build")
+    )
     assert not packaged.is_error, packaged.content[0].text
 
 
@@ -140,7 +144,9 @@ async def test_nul_overlong_and_non_utf8_names_are_bad_requests_that_say_why(
     assert "[internal]" not in text and "bug in the tool" not in text
 
 
-@pytest.mark.parametrize(("path", "says"), [("ck\x00.pt", "NUL"), ("c" * 5000 + ".pt", "4096"), ("ck\udcff.pt", "UTF-8")])
+@pytest.mark.parametrize(
+    ("path", "says"), [("ck\x00.pt", "NUL"), ("c" * 5000 + ".pt", "4096"), ("ck\udcff.pt", "UTF-8")]
+)
 async def test_odd_checkpoint_paths_are_bad_requests(client: Client, path: str, says: str):
     """verify_checkpoint's own path argument gets the same checks."""
     result = await client.call_tool("verify_checkpoint", {"path": path})
@@ -183,7 +189,15 @@ def test_refused_objects_are_recognised_however_they_are_reached():
 
     import torch
 
-    for obj in (os.system, eval, exec, torch.load, torch.jit.load, functools.partial(torch.load, "x"), pickle.loads):
+    for obj in (
+        os.system,
+        eval,
+        exec,
+        torch.load,
+        torch.jit.load,
+        functools.partial(torch.load, "x"),
+        pickle.loads,
+    ):
         with pytest.raises(ReferenceRefused):
             refuse_object(obj, CodeRef.parse("m.py:build"))
     for obj in (torch.nn.Linear, torch.nn.Sequential, torch.randn):

@@ -60,13 +60,17 @@ def test_a_client_root_of_slash_or_home_is_ignored(tmp_path: Path):
     assert roots.all == (tmp_path.resolve(),)
 
 
-async def test_a_server_started_in_slash_refuses_files_and_says_the_cwd_is_not_a_root(tmp_path: Path, monkeypatch):
+async def test_a_server_started_in_slash_refuses_files_and_says_the_cwd_is_not_a_root(
+    tmp_path: Path, monkeypatch
+):
     """Desktop clients start servers in /: a model anywhere is refused with the reason and the fix."""
     (tmp_path / "m.py").write_text(MODEL)
     monkeypatch.chdir("/")
     server = build_server(prewarm=False)
     monkeypatch.chdir(os.fspath(REPO))
     async with Client(server) as client:
-        result = await client.call_tool("check_gradients", {"model": f"{tmp_path / 'm.py'}:build", "input_shape": [2, 4]})
+        result = await client.call_tool(
+            "check_gradients", {"model": f"{tmp_path / 'm.py'}:build", "input_shape": [2, 4]}
+        )
     text = result.content[0].text
     assert result.is_error and "the file system root" in text and "--allow" in text

@@ -20,13 +20,20 @@ from pathlib import Path
 
 import pytest
 
+# Each module starts real server processes (stdio or HTTP): tens of seconds, so the slow CI step.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 BAD = b"caf\xe9-\xff"  # Latin-1 bytes: not UTF-8
 INIT = {
     "jsonrpc": "2.0",
     "id": 0,
     "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
 }
 
 
@@ -46,7 +53,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _call(i: int, tool: str, arguments: dict) -> dict:
-    return {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    return {
+        "jsonrpc": "2.0",
+        "id": i,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments},
+    }
 
 
 def _requests(project: Path) -> list[dict]:
@@ -64,7 +76,9 @@ def _check_answers(raw: dict[int, bytes]) -> None:
         message = json.loads(data)
         assert "\\udc" not in data.decode() and all(not (0xD800 <= ord(c) <= 0xDFFF) for c in data.decode())
         assert message.get("id") == i
-    texts = {i: json.loads(d)["result"]["content"][0]["text"] for i, d in raw.items() if "result" in json.loads(d)}
+    texts = {
+        i: json.loads(d)["result"]["content"][0]["text"] for i, d in raw.items() if "result" in json.loads(d)
+    }
     assert "\ufffd" in texts[1] and ".py" in texts[1]  # the folder's file names were listed, made safe
     assert "ValueError" in texts[2] and "\ufffd" in texts[2]  # the exception and the output, made safe
     assert json.loads(raw[5])["result"]["structuredContent"]["skills"]  # still answering afterwards
@@ -121,7 +135,16 @@ def test_http_answers_stay_utf8_with_non_utf8_names_messages_and_output(project:
 
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "server.py"), "--transport", "http", "--port", str(port), "--allow", str(project)],
+        [
+            sys.executable,
+            str(REPO / "server.py"),
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+            "--allow",
+            str(project),
+        ],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -135,7 +158,10 @@ def test_http_answers_stay_utf8_with_non_utf8_names_messages_and_output(project:
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
         with httpx.Client(timeout=120) as http:
             init = http.post(url, headers=headers, json=INIT)
-            headers |= {"mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+            headers |= {
+                "mcp-session-id": init.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-06-18",
+            }
             http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
             raw: dict[int, bytes] = {}
             for request in _requests(project):
