@@ -135,7 +135,10 @@ class AllowedRoots:
     def resolve(self, path: str | Path) -> Path:
         """Absolute, symlink-free form of `path`, relative paths taken from the working directory."""
         check_name(str(path))
-        p = Path(path).expanduser()
+        try:
+            p = Path(path).expanduser()
+        except RuntimeError:  # '~name' for a user this machine does not know
+            raise BadName(f"{path}: '~' names no known user's home here; give the full path") from None
         if not p.is_absolute():
             p = self.cwd / p
         return Path(os.path.realpath(p))

@@ -341,7 +341,12 @@ def import_reference(reference: str, cwd: Path, roots: list[Path], what: str = "
         _ensure_on_sys_path(folder)
     try:
         if ref.path is not None:
-            path = Path(ref.path).expanduser()
+            try:
+                path = Path(ref.path).expanduser()
+            except RuntimeError:  # '~name' for an unknown user
+                raise UserCodeError(
+                    "bad_request", f"{ref.path}: '~' names no known user's home; give the full path"
+                ) from None
             path = path if path.is_absolute() else cwd / path
             if not path.is_file():
                 near = sorted(p.name for p in path.parent.glob("*.py"))[:20] if path.parent.is_dir() else []
