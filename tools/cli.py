@@ -30,6 +30,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument(
+        "--token",
+        default=None,
+        help="HTTP bearer token clients must send (default: $TORCH_SKILLS_TOKEN); required beyond loopback",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed to call the HTTP server, e.g. https://app.example.com (repeatable)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a Host header value the HTTP server answers to besides loopback and the bound host (repeatable)",
+    )
+    p.add_argument(
         "--allow", action="append", default=[], metavar="DIR", help="another folder the tools may read"
     )
     p.add_argument("--skills-dir", type=Path, default=None, help="serve skills from this folder instead")
@@ -77,6 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torch_skills.examples.demo import run_demo
 
         return run_demo()
+    http_settings = None
+    if args.transport == "http":
+        from torch_skills.http_app import HttpConfigError, HttpSettings
+
+        try:
+            http_settings = HttpSettings.from_args(
+                args.host, args.port, args.token, args.allowed_origin, args.allowed_host
+            )
+        except HttpConfigError as e:
+            sys.stderr.write(f"torch-skills: {e}\n")
+            return 2
+    from torch_skills.roots import RootTooBroad
     from torch_skills.runner.interpreter import InterpreterError
     from torch_skills.server import build_server
 
@@ -89,11 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory_limit_gib=args.memory_limit_gib,
             python=args.python,
         )
-    except InterpreterError as e:
+    except (InterpreterError, RootTooBroad) as e:
         sys.stderr.write(f"torch-skills: {e}\n")
         return 2
-    if args.transport == "http":
-        server.run("streamable-http", host=args.host, port=args.port)
+    if http_settings is not None:
+        from torch_skills.http_app import serve_http
+
+        serve_http(server, http_settings)
     else:
         server.run()
     return 0

@@ -55,6 +55,7 @@ from torch_skills.torch_tools import (
     anticipated_errors,
     register_torch_tool,
 )
+from torch_skills.wire import install_wire_safety
 from torch_skills.wire_schema import compact_output_schema, explain_invalid_arguments, portable_input_schema
 
 log = logging.getLogger("torch-skills")
@@ -229,7 +230,7 @@ def build_server(
     roots = AllowedRoots(Path.cwd(), tuple(Path(p) for p in allow))
     worker_python = find_interpreter(python, project_dirs=roots.all)
     log.info("user code runs under %s", worker_python.describe())
-    memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes()
+    memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes(max_jobs)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[ServerState]:
@@ -252,6 +253,7 @@ def build_server(
         middleware=[DeclareSkillsOnHandshake()],
         lifespan=lifespan,
     )
+    install_wire_safety(mcp)  # every string leaving the server is valid UTF-8
     _register_skill_resources(mcp, pack)
     _register_skill_tools(mcp, pack)
     _register_route(mcp, pack)

@@ -39,10 +39,12 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from torch_skills.heartbeat import Heartbeat
+from torch_skills.refpolicy import refuse_by_name
 from torch_skills.roots import PathNotAllowed
 from torch_skills.runner.errors import WorkerError
 from torch_skills.skillpack.loader import SkillPathError, UnknownSkill
 from torch_skills.userspec import CodeRef, CodeRefError
+from torch_skills.wire import wire_safe
 from torch_skills.wire_schema import explain_invalid_arguments, portable_input_schema
 
 if TYPE_CHECKING:
@@ -231,6 +233,9 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
             request = tool.request.model_validate({k: v for k, v in given.items() if v is not None})
         except ValidationError as e:
             raise ToolError(explain_invalid_arguments(e, tool.name, _request_schema(tool.request))) from None
+        with anticipated_errors():
+            for ref in request.code_refs():  # type: ignore[attr-defined]
+                refuse_by_name(ref)  # before any worker starts; the worker checks files and identity
         result = await run_in_worker(
             ctx,
             tool.worker,
@@ -294,11 +299,14 @@ async def run_in_worker(
         for path in check_paths:
             roots.check(path)
 
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        await ctx.report_progress(done, total, wire_safe(message) if message is not None else None)
+
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     running = state.jobs_in_flight
     state.jobs_in_flight += 1
     try:
-        async with Heartbeat(ctx.report_progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
+        async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
             beat.status(
                 f"queued behind {running} running job(s) (at most {state.pool.max_concurrent} at a time)"
                 if running >= state.pool.max_concurrent

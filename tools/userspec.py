@@ -24,8 +24,40 @@ _MODULE_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _ATTR_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
+# Longest path or reference accepted (Linux PATH_MAX): anything longer is a mistake or an attack.
+MAX_NAME_CHARS = 4096
+
+
 class CodeRefError(ValueError):
     """A reference string that is not `file.py:name` or `package.module:name`."""
+
+
+class BadName(CodeRefError):
+    """A path or reference no file system or interpreter can take: NUL, overlong, not UTF-8."""
+
+
+def check_name(text: str, what: str = "the path") -> str:
+    """Return `text` if it can name a file or module; raise BadName saying what is wrong otherwise.
+
+    Refused: a NUL character, more than MAX_NAME_CHARS characters, and unpaired surrogates (what
+    bytes that are not UTF-8 become, e.g. a JSON "\\udc80" escape)."""
+    if len(text) > MAX_NAME_CHARS:
+        raise BadName(
+            f"{what} is {len(text)} characters long; paths and references are limited to {MAX_NAME_CHARS}. "
+            "Pass the real path of the file."
+        )
+    if "\x00" in text:
+        raise BadName(
+            f"{what} {text[:200]!r} contains a NUL character (at position {text.index(chr(0))}), which no file "
+            "name can hold; pass the path without it."
+        )
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            raise BadName(
+                f"{what} {text[:200]!r} is not valid UTF-8 text (an unpaired surrogate {ch!r} at position {i}); "
+                "rename the file or folder to a UTF-8 name, or pass a path that is."
+            )
+    return text
 
 
 class CodeRef(BaseModel):
@@ -39,6 +71,7 @@ class CodeRef(BaseModel):
     @classmethod
     def parse(cls, text: str) -> CodeRef:
         """Split `"file.py:build"` or `"pkg.mod:build"`; raise CodeRefError with an example otherwise."""
+        check_name(text, "the reference")
         text = text.strip()
         if ":" not in text:
             raise CodeRefError(

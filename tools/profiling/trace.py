@@ -24,6 +24,7 @@ autograd thread are not attributed to the backward phase's device time.
 from __future__ import annotations
 
 import bisect
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -415,7 +416,25 @@ def profiled_pass(
     events = raw_events(prof)
     written = None
     if trace_path is not None:
-        prof.export_chrome_trace(str(trace_path))
+        write_trace(prof, Path(trace_path))
         written = str(trace_path)
     summary = summarize_events(events, on_gpu=on_gpu, small_op_s=small_op_s, top_k=top_k)
     return TraceSummary(step_times_s=times, trace_path=written, **summary)
+
+
+def write_trace(prof, path: Path) -> None:
+    """Export the Chrome trace to `path` without ever replacing a file there (a file that appeared
+    since the request was checked makes this raise FileExistsError)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    prof.export_chrome_trace(str(tmp))
+    try:
+        os.link(tmp, path)  # fails if `path` exists: no overwrite, even in a race
+    except FileExistsError:
+        from torch_skills.runner.errors import UserCodeError
+
+        raise UserCodeError(
+            "bad_request",
+            f"trace_path {path} appeared while profiling and is never overwritten; pick another name",
+        ) from None
+    finally:
+        os.unlink(tmp)

@@ -78,17 +78,24 @@ def _reset_peak_rss() -> None:
 
 
 def resolve_trace_path(trace_path: str | None, job) -> Path | None:
-    """Absolute path for the trace, refused outside the allowed roots; its folder is created."""
+    """Absolute path for the trace, refused outside the allowed roots or over an existing file;
+    its folder is created. The file itself is written without replacing anything (write_trace)."""
     if trace_path is None:
         return None
     path = Path(trace_path).expanduser()
     path = Path(os.path.realpath(path if path.is_absolute() else Path(job.cwd) / path))
     roots = [Path(os.path.realpath(r)) for r in job.allowed_roots]
-    if roots and not any(path == r or path.is_relative_to(r) for r in roots):
-        allowed = ", ".join(str(r) for r in roots)
+    if not any(path == r or path.is_relative_to(r) for r in roots):
+        allowed = ", ".join(str(r) for r in roots) or "none"
         raise UserCodeError(
             "bad_request",
             f"trace_path {path} is outside the allowed roots ({allowed}); write it under one of them",
+        )
+    if os.path.lexists(path):
+        raise UserCodeError(
+            "bad_request",
+            f"trace_path {path} already exists and is never overwritten; pick another name "
+            f"(e.g. {path.with_name(path.stem + '-2' + path.suffix).name}) or delete the old trace first",
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from torch_skills.runner import protocol
+from torch_skills.runner import proctree, protocol
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.libraries import installed_imports
 
@@ -53,6 +53,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _isolate(write_fd: int) -> None:
     os.setsid()
+    proctree.become_subreaper()  # descendants that setsid() stay in this job's tree
     try:
         import ctypes
 
@@ -181,6 +182,7 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            proctree.kill_tree(os.getpid(), include_root=False)  # nothing the job started outlives it
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)

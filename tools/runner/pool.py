@@ -18,6 +18,7 @@ Known limitations: Linux only (fork, process groups, /proc).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,60 @@ ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
 _SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 
 
-def default_memory_limit_bytes() -> int:
-    """Half of the machine's physical memory: room for the server, the OS and a second job."""
+JOB_DIR_PREFIX = "torch-skills-job-"
+# Share of physical memory the jobs may hold together; the rest is the server's and the OS's.
+MEMORY_BUDGET_FRACTION = 0.8
+
+
+def physical_memory_bytes() -> int:
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return 8 << 30
+        return 16 << 30
+
+
+def memory_budget_bytes() -> int:
+    """RAM all concurrent jobs may hold together: MEMORY_BUDGET_FRACTION of the machine's memory."""
+    return int(physical_memory_bytes() * MEMORY_BUDGET_FRACTION)
+
+
+def default_memory_limit_bytes(max_jobs: int = 2) -> int:
+    """One job's default cap: the budget shared by `max_jobs` jobs, so together they fit the machine."""
+    return memory_budget_bytes() // max(1, max_jobs)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_job_dirs(tmp: Path | None = None) -> list[Path]:
+    """Remove `torch-skills-job-<pid>-*` folders whose server process is gone; return what was removed.
+
+    A server killed mid-call cannot clean up, and its folder holds the call's arguments. Folders of
+    live servers (the pid still runs) and folders not named this way are left alone."""
+    tmp = Path(tmp or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(tmp.glob(f"{JOB_DIR_PREFIX}*"))
+    except OSError:
+        return removed
+    for entry in entries:
+        owner = entry.name[len(JOB_DIR_PREFIX) :].split("-", 1)[0]
+        if not owner.isdigit() or _pid_alive(int(owner)):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid():
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+        except OSError:
+            continue
+    return removed
 
 
 @dataclass
@@ -89,8 +138,10 @@ class WorkerPool:
         python: str = sys.executable,
         python_source: str = "the server's own",
         start_timeout_s: float = 120.0,
+        memory_budget: int | None = None,
     ):
         self.max_concurrent = max_concurrent
+        self.memory_budget = memory_budget or memory_budget_bytes()
         self.preload = preload
         self.python = python
         self.python_source = python_source  # why this interpreter (for messages)
@@ -98,7 +149,10 @@ class WorkerPool:
         self._preloaded: set[str] = set()  # libraries the warm worker was asked to import
         self._unsafe_libraries: set[str] = set()  # top-level names whose import left a thread running
         self.start_timeout_s = start_timeout_s
-        self._slots = anyio.Semaphore(max_concurrent)
+        self._queue: list[object] = []  # callers waiting for admission, first come first served
+        self._running = 0
+        self._reserved = 0  # memory caps of the running jobs, bytes
+        self._changed = anyio.Event()  # set (and replaced) whenever a job is admitted or ends
         self._task_group: TaskGroup | None = None
         self._process: Process | None = None
         self._ready = anyio.Event()
@@ -110,6 +164,7 @@ class WorkerPool:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def __aenter__(self) -> WorkerPool:
+        sweep_stale_job_dirs()
         self._tg_cm = anyio.create_task_group()
         self._task_group = await self._tg_cm.__aenter__()
         return self
@@ -169,6 +224,7 @@ class WorkerPool:
             self._preloaded = set()
             env = dict(os.environ)
             env["PYTHONUNBUFFERED"] = "1"
+            env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the user's project
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
             env.pop(interpreter.WORKER_PATH_ENV, None)
             if not interpreter.same_environment(self.python, sys.executable):
@@ -278,16 +334,31 @@ class WorkerPool:
         allowed_roots: list[Path] | None = None,
         on_progress: ProgressCallback | None = None,
     ) -> JobResult:
-        """Run `fn` (a 'module:function' path) on `request` in a fresh child; see the module docstring."""
+        """Run `fn` (a 'module:function' path) on `request` in a fresh child; see the module docstring.
+
+        Time spent waiting for a free worker (all `max_concurrent` busy, or the memory budget taken
+        by running jobs) counts toward `timeout_s`, and `on_progress` hears "waiting for a free
+        worker (N ahead)" meanwhile. `memory_limit_bytes` defaults to the budget's share of one of
+        `max_concurrent` jobs; the caps of running jobs never add up to more than the budget."""
         payload = request.model_dump(mode="json") if hasattr(request, "model_dump") else request
-        async with self._slots:
+        limit = int(memory_limit_bytes or default_memory_limit_bytes(self.max_concurrent))
+        if limit > self.memory_budget:
+            raise WorkerError(
+                "bad_request",
+                f"memory_limit_gib={limit / 2**30:.1f} is more than this machine can give one job "
+                f"({self.memory_budget / 2**30:.1f} GiB, {MEMORY_BUDGET_FRACTION:.0%} of its RAM); call again with a "
+                "smaller memory_limit_gib.",
+            )
+        queued_at = anyio.current_time()
+        async with self._admitted(limit, timeout_s, on_progress):
+            remaining = timeout_s - (anyio.current_time() - queued_at)
             with anyio.fail_after(self.start_timeout_s, shield=False):
                 await self._ensure_started()
                 await self._ready.wait()
             if self._startup_error:
                 raise WorkerError("worker_unavailable", self._startup_error)
             job_id = uuid.uuid4().hex
-            job_dir = Path(tempfile.mkdtemp(prefix="torch-skills-job-"))
+            job_dir = Path(tempfile.mkdtemp(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-"))
             try:
                 (job_dir / protocol.REQUEST_FILE).write_text(json.dumps(payload))
                 return await self._run_job(
@@ -300,11 +371,12 @@ class WorkerPool:
                         "fn": fn,
                         "cwd": str(cwd or Path.cwd()),
                         "allowed_roots": [str(r) for r in (allowed_roots or [])],
-                        "memory_limit_bytes": int(memory_limit_bytes or default_memory_limit_bytes()),
+                        "memory_limit_bytes": limit,
                         "device": device,
                     },
-                    timeout_s,
+                    max(remaining, 0.001),
                     on_progress,
+                    timeout_s,
                 )
             finally:
                 shutil.rmtree(job_dir, ignore_errors=True)
@@ -325,6 +397,49 @@ class WorkerPool:
         self._preloaded.update(new)
         self._task_group.start_soon(self._send, {"op": "preload", "modules": new})
 
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @contextlib.asynccontextmanager
+    async def _admitted(
+        self, limit: int, timeout_s: float, on_progress: ProgressCallback | None
+    ) -> AsyncIterator[None]:
+        """Wait (first come, first served) for a free slot and `limit` bytes of the memory budget."""
+        token = object()
+        self._queue.append(token)
+        told = None
+        try:
+            with anyio.move_on_after(timeout_s) as waiting:
+                while not (
+                    self._queue[0] is token
+                    and self._running < self.max_concurrent
+                    and self._reserved + limit <= self.memory_budget
+                ):
+                    ahead = self._running + self._queue.index(token)
+                    if on_progress is not None and ahead != told:
+                        told = ahead
+                        await on_progress(0, None, f"waiting for a free worker ({ahead} ahead)")
+                    await self._changed.wait()
+            if waiting.cancelled_caught:
+                raise WorkerError(
+                    "timeout",
+                    f"no worker became free within timeout_s={timeout_s:g} s (max_jobs={self.max_concurrent}, "
+                    f"{self._running} running, {self._queue.index(token)} waiting ahead): the time spent waiting "
+                    "counts toward timeout_s. Call again later or with a larger timeout_s.",
+                )
+        finally:
+            self._queue.remove(token)
+            self._notify()
+        self._running += 1
+        self._reserved += limit
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._reserved -= limit
+            self._notify()
+
     async def _run_job(
         self,
         job_id: str,
@@ -332,6 +447,7 @@ class WorkerPool:
         message: dict[str, Any],
         timeout_s: float,
         on_progress: ProgressCallback | None,
+        asked_timeout_s: float | None = None,
     ) -> JobResult:
         pending = self._pending[job_id] = _Pending(process=self._process)
         stopped_for: str | None = None
@@ -353,7 +469,7 @@ class WorkerPool:
                     await self._kill(job_id, pending)
             self._pending.pop(job_id, None)
         exit_info = pending.exit or {}
-        return self._outcome(job_dir, exit_info, stopped_for, timeout_s, message)
+        return self._outcome(job_dir, exit_info, stopped_for, asked_timeout_s or timeout_s, message)
 
     async def _kill(self, job_id: str, pending: _Pending) -> None:
         await self._send({"op": "kill", "job": job_id})

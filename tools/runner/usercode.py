@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import inspect
-import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_skills.runner.codeimport import import_reference
 from torch_skills.runner.errors import UserCodeError
-from torch_skills.userspec import CodeRef, ModelInputs
+from torch_skills.userspec import ModelInputs
 
 _DTYPES = {
     "float32": "float32",
@@ -38,17 +36,6 @@ _DTYPES = {
     "int32": "int32",
     "bool": "bool",
 }
-
-
-def _check_root(path: Path, roots: list[Path], what: str) -> None:
-    real = path.resolve()
-    if roots and not any(real == r or real.is_relative_to(r) for r in roots):
-        allowed = ", ".join(str(r) for r in roots)
-        raise UserCodeError(
-            "bad_request",
-            f"{what} {real} is outside the allowed roots ({allowed}); restart the server with --allow DIR "
-            "or add the folder as a root in your MCP client.",
-        )
 
 
 def _short_traceback(exc: BaseException, limit: int = 6) -> str:
@@ -76,77 +63,10 @@ def user_code(phase: str) -> Iterator[None]:
         ) from exc
 
 
-def _public_callables(namespace: dict[str, Any]) -> list[str]:
-    return sorted(
-        name
-        for name, value in namespace.items()
-        if callable(value)
-        and not name.startswith("_")
-        and getattr(value, "__module__", None) == namespace.get("__name__")
-    )
-
-
-def _import_file(path: Path) -> Any:
-    module_name = f"_torch_skills_user_{abs(hash(str(path)))}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise UserCodeError("bad_request", f"{path} is not a Python file that can be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    sys.path.insert(0, str(path.parent))  # let the file import its siblings
-    with user_code(f"importing {path.name}"):
-        spec.loader.exec_module(module)
-    return module
-
-
 def load_callable(reference: str, cwd: Path, roots: list[Path], what: str = "callable") -> Any:
-    """Import the object a `file.py:name` / `pkg.mod:name` reference names."""
-    ref = CodeRef.parse(reference)
-    if ref.path is not None:
-        path = Path(ref.path)
-        path = path if path.is_absolute() else cwd / path
-        if not path.is_file():
-            near = sorted(p.name for p in path.parent.glob("*.py"))[:20] if path.parent.is_dir() else []
-            hint = f"; .py files in {path.parent}: {', '.join(near)}" if near else ""
-            raise UserCodeError("bad_request", f"no file {path} for {what} {reference!r}{hint}")
-        _check_root(path, roots, "the file")
-        module = _import_file(path.resolve())
-    else:
-        if str(cwd) not in sys.path:
-            sys.path.insert(0, str(cwd))
-        try:
-            spec = importlib.util.find_spec(str(ref.module))
-        except (ImportError, ValueError) as exc:
-            raise UserCodeError("import_error", f"cannot import {ref.module!r} for {what}: {exc}") from exc
-        if spec is None:
-            raise UserCodeError(
-                "bad_request",
-                f"no module {ref.module!r} importable from {cwd} for {what}; "
-                "use 'path/to/file.py:name' for a file that is not on the import path",
-            )
-        if spec.origin and spec.origin not in ("built-in", "frozen"):
-            origin = Path(spec.origin)
-            import sysconfig
-
-            installed = [Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib", "stdlib")]
-            if not any(origin.resolve().is_relative_to(d) for d in installed):
-                _check_root(origin, roots, "the module")
-        with user_code(f"importing {ref.module}"):
-            module = importlib.import_module(str(ref.module))
-    obj: Any = module
-    for part in ref.attr.split("."):
-        if not hasattr(obj, part):
-            found = _public_callables(vars(module))
-            listing = ", ".join(found[:30]) if found else "no public callables"
-            raise UserCodeError("bad_request", f"no callable `{ref.attr}` in {ref.display}; found: {listing}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise UserCodeError(
-            "bad_request", f"`{ref.attr}` in {ref.display} is a {type(obj).__name__}, not a callable"
-        )
-    return obj
+    """Import the object a `file.py:name` / `pkg.mod:name` reference names, after the reference rule's
+    checks (`torch_skills.runner.codeimport`: one import path for every tool)."""
+    return import_reference(reference, cwd, roots, what)
 
 
 def _accepts(fn: Any, name: str) -> bool:

@@ -11,6 +11,8 @@ a private duplicate.
 Each child gets a new session (so its whole process group can be killed), a pipe for its
 stdout+stderr that this loop drains into a bounded buffer, and a memory watchdog: this loop
 kills a child whose resident memory passes its limit (the child also gets RLIMIT_AS on CPU).
+This process and every job child are child subreapers: a job's descendant that starts a new
+session still belongs to the job's tree and dies with it (`torch_skills.runner.proctree`).
 The loop is single-threaded (select), which keeps fork safe.
 
 It runs niced (WORKER_NICE) and reports ready once torch and the first preload are imported; the
@@ -33,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from torch_skills.runner import libraries, protocol
+from torch_skills.runner import libraries, proctree, protocol
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -47,32 +49,6 @@ class _Job:
     output: protocol.OutputBuffer = field(default_factory=protocol.OutputBuffer)
     killed_for: str | None = None
     peak_rss_bytes: int = 0
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _group_rss_bytes(pgid: int) -> int:
-    """Resident bytes of every process in the group (the child plus e.g. DataLoader workers)."""
-    total = 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return _rss_bytes(pgid)
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(name)) == pgid:
-                total += _rss_bytes(int(name))
-        except OSError:
-            continue
-    return total
 
 
 class Zygote:
@@ -124,11 +100,16 @@ class Zygote:
 
     # -- children -------------------------------------------------------------------------------
     def _kill_group(self, pid: int) -> None:
-        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        """Kill the job's process and every descendant: its group, and processes in new sessions."""
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: proctree.kill_tree(pid)):
             try:
                 target()
             except OSError:
                 pass
+
+    def _kill_orphans(self) -> None:
+        """Kill what reparented to this subreaper from jobs that are gone (e.g. setsid grandchildren)."""
+        proctree.kill_orphans(os.getpid(), keep=set(self.by_pid))
 
     def drain(self, job: _Job) -> None:
         if job.fd is None:
@@ -156,8 +137,9 @@ class Zygote:
                 return
             job = self.by_pid.pop(pid, None)
             if job is None:
-                continue
+                continue  # an orphan of a finished job, reparented here and now gone
             self._kill_group(pid)  # leftovers such as DataLoader workers
+            self._kill_orphans()  # ...and what left the group (start_new_session) before the job died
             self.drain(job)
             if job.fd is not None:  # a grandchild still holds the pipe open
                 os.close(job.fd)
@@ -183,7 +165,7 @@ class Zygote:
             return
         self._last_watch = now
         for job in list(self.jobs.values()):
-            rss = _group_rss_bytes(job.pid)
+            rss = proctree.tree_rss_bytes(job.pid)
             job.peak_rss_bytes = max(job.peak_rss_bytes, rss)
             if job.memory_limit_bytes and rss > job.memory_limit_bytes and job.killed_for is None:
                 job.killed_for = "memory"
@@ -192,6 +174,7 @@ class Zygote:
     def shutdown(self) -> None:
         for job in list(self.jobs.values()):
             self._kill_group(job.pid)
+        proctree.kill_orphans(os.getpid(), keep=set())
         sys.exit(0)
 
     # -- loop -----------------------------------------------------------------------------------
@@ -326,6 +309,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout = sys.stderr
     _die_with_parent()
     _lower_priority()
+    proctree.become_subreaper()  # a job's escaped descendants land here when the job ends
+    sys.dont_write_bytecode = True  # never leave __pycache__ in the user's project
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # ...nor from the processes the user's code starts
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
 
     problem = environment_problem()
