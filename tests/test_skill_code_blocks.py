@@ -71,3 +71,16 @@ def test_a_slow_tag_combines_with_the_block_mode(tmp_path):
     assert (slow.mode, slow.slow) == ("torchrun", True)
     assert (fast.mode, fast.slow) == ("run", False)
     assert (multi_process.mode, multi_process.slow) == ("torchrun", True)
+
+
+def test_only_a_rank_killed_by_a_signal_earns_a_second_torchrun():
+    """A signal death with no traceback from the block is retried once; the block's own errors never are."""
+    from torch_skills.skillpack.codeblocks import _died_of_a_signal
+
+    signal_death = "terminate called without an active exception\nfailed (exitcode: -6) local_rank: 0"
+    block_error = (
+        'Traceback (most recent call last):\n  File "/tmp/w/block.py", line 9\nAssertionError\nexitcode: -6'
+    )
+    assert _died_of_a_signal(signal_death)
+    assert not _died_of_a_signal(block_error)
+    assert not _died_of_a_signal("failed (exitcode: 1) local_rank: 0")

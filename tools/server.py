@@ -199,7 +199,6 @@ class ServerState:
     pool: WorkerPool
     memory_limit_bytes: int
     heartbeat_s: float = DEFAULT_HEARTBEAT_S  # longest silence during a torch-tool call, seconds
-    jobs_in_flight: int = 0  # torch-tool calls running or queued (for the queued-progress message)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -303,28 +303,19 @@ async def run_in_worker(
         await ctx.report_progress(done, total, wire_safe(message) if message is not None else None)
 
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
-    running = state.jobs_in_flight
-    state.jobs_in_flight += 1
-    try:
-        async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
-            beat.status(
-                f"queued behind {running} running job(s) (at most {state.pool.max_concurrent} at a time)"
-                if running >= state.pool.max_concurrent
-                else "starting a worker process"
+    async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
+        beat.status("starting a worker process")  # the pool says so when the call waits for a slot
+        with anticipated_errors():
+            job = await state.pool.run(
+                fn,
+                request,
+                timeout_s=timeout_s,
+                memory_limit_bytes=limit,
+                device=device,
+                cwd=roots.cwd,
+                allowed_roots=list(roots.all),
+                on_progress=beat.phase,
             )
-            with anticipated_errors():
-                job = await state.pool.run(
-                    fn,
-                    request,
-                    timeout_s=timeout_s,
-                    memory_limit_bytes=limit,
-                    device=device,
-                    cwd=roots.cwd,
-                    allowed_roots=list(roots.all),
-                    on_progress=beat.phase,
-                )
-    finally:
-        state.jobs_in_flight -= 1
     result = dict(job.result)
     result["run"] = {
         "device": job.device,
