@@ -187,6 +187,14 @@ class Router:
         self._headings = frozenset(p for p in table.not_evidence if p[-1].isalnum())
         self._line_prefixes = tuple(p.rstrip("*") for p in table.not_evidence if not p[-1].isalnum())
         self.setup_words = frozenset(w.lower() for w in table.setup_words)
+        # topic terms name what the user works with, not what goes wrong: every skill's keywords,
+        # the setup words and the "Topic words"; a phrase matched only on them names no symptom
+        self.topic_terms = frozenset(
+            t
+            for p in self.phrases
+            if p.kind == "keywords"
+            for t in p.terms
+        ) | frozenset(t for w in (*table.setup_words, *table.topic_words) for t in terms(w, self.synonyms))
         self.vague_loose = [
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
             for case in table.ambiguous
@@ -262,7 +270,11 @@ class Router:
             s, coverage = self._phrase_score(phrase, qset, ordered)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
-                if phrase.kind in SYMPTOM_KINDS and coverage >= SYMPTOM_COVERAGE:
+                if (
+                    phrase.kind in SYMPTOM_KINDS
+                    and coverage >= SYMPTOM_COVERAGE
+                    and any(t in qset and t not in self.topic_terms for t in phrase.terms)
+                ):
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
@@ -348,10 +360,11 @@ class Router:
                 best = (topic, round(score, 3), [text for text, _ in seen])
         return best
 
-    def _asks_for_help(self, query: str, words: _Positions) -> bool:
-        """A request for help or review ("Help words") or a listed setup ("Setup words" next to
-        numbers), while none of the post's questions names anything routable on its own."""
-        asks = any(words.has(h) for h in self.help_words)
+    def _asks_for_help(self, query: str, words: _Positions, vague: bool = False) -> bool:
+        """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
+        ("Setup words" next to numbers), while none of the post's questions names anything
+        routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
+        asks = vague or any(words.has(h) for h in self.help_words)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
         questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
@@ -400,7 +413,7 @@ class Router:
         if (
             top < MIN_EVIDENCE
             or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-            or (symptom < SYMPTOM_MIN and (ask is not None or self._asks_for_help(query, words)))
+            or (symptom < SYMPTOM_MIN and self._asks_for_help(query, words, ask is not None))
         ):
             return RouteResult(
                 status="clarify",

@@ -120,6 +120,7 @@ class RouterTable:
     not_evidence: list[str] = field(default_factory=list)  # line prefixes, lower-cased
     help_words: list[str] = field(default_factory=list)  # "Help words:" of "Ask one question first"
     setup_words: list[str] = field(default_factory=list)  # "Setup words:" of "Ask one question first"
+    topic_words: list[str] = field(default_factory=list)  # "Topic words:" of "Ask one question first"
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -358,14 +359,14 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
                 synonyms[word.lower()] = _clean(cells[1]).lower()
     topics, signs = _parse_out_of_scope(_find(sections, "out of scope") or [])
     ask_section = _find(sections, "ask one question") or []
-    help_words, setup_words = (
+    help_words, setup_words, topic_words = (
         [
             word.lower()
             for _file, _lineno, line in ask_section
             if (lm := _LABEL.match(line.strip())) and lm.group(1).strip().lower() == label
             for word in _split_terms(lm.group(2))
         ]
-        for label in ("help words", "setup words")
+        for label in ("help words", "setup words", "topic words")
     )
     not_evidence = [
         prefix.lower()
@@ -382,6 +383,7 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         not_evidence,
         help_words,
         setup_words,
+        topic_words,
     )
 
 
