@@ -402,7 +402,7 @@ class Router:
                 reason=topic.say,
                 out_of_scope_signs=signs,
                 evidence=matched,
-                confidence=round(min(1.0, oos / (oos + 0.5 * top + 1.0)), 2),
+                confidence=_decline_confidence(oos, OUTWEIGHS[topic.declines] * top),
                 scores=scores,
                 ignored_lines=ignored,
                 summary=f"Out of scope ({topic.topic}): {topic.say}",
@@ -455,6 +455,15 @@ class Router:
             ignored_lines=ignored,
             summary=summary,
         )
+
+
+def _decline_confidence(signs: float, needed: float) -> float:
+    """How clearly a query is out of scope: the signs' strength times their margin over what the
+    topic needed (a topic that holds "unless PyTorch is named" needs nothing: a Keras question full
+    of mixed-precision words is as clearly out of scope as a short one)."""
+    strength = 1 - math.exp(-signs)
+    margin = (signs - needed) / signs if signs > 0 else 0.0
+    return round(strength * (0.5 + 0.5 * max(0.0, margin)), 2)
 
 
 _SETUP_TOKEN = re.compile(r"[A-Za-z_]+|\d[\w.+\-]*")
