@@ -17,9 +17,13 @@ How it decides, deterministically:
    outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
    and the topic does not hold even then.
 4. With no evidence, or a post that names no symptom (only context: versions, hardware,
-   hyper-parameters, topic keywords) and either says one of the "Ask one question first"
-   phrasings, or asks for help or review ("Help words") or lists its setup ("Setup words" next
+   hyper-parameters, topic keywords) and says one of the "Ask one question first" phrasings,
+   asks for help or review ("Help words", "Review words") or lists its setup ("Setup words" next
    to numbers) while none of its question sentences names anything routable on its own, it asks.
+   A phrase names a symptom only through a word that is not a topic term (a keyword of any
+   skill, a setup or topic word): "Setup DDP for 8 GPUs" names a topic, "training hangs with
+   several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
+   names something routable only with a symptom.
 5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own, and words inside file paths do not
    trigger rules.
@@ -181,7 +185,14 @@ class Router:
         self.vague = [
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
         ]
-        self.help_words = [w for h in table.help_words for w in _words(h)]
+        # multi-word help and review words match as a sequence: "double-check" is not "check"
+        self.help_words = [t for h in table.help_words if (t := tuple(_words(h)))]
+        # review words are phrases with their small words ("review my"), matched in the raw text
+        self.review = (
+            re.compile(r"\b(?:" + "|".join(_phrase_pattern(w) for w in table.review_words) + r")\b")
+            if table.review_words
+            else None
+        )
         # "Not evidence": a prefix ending in a letter or digit is a heading (the whole line); one
         # ending in "*" or punctuation drops every line that starts with it
         self._headings = frozenset(p for p in table.not_evidence if p[-1].isalnum())
@@ -364,11 +375,26 @@ class Router:
         """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
         ("Setup words" next to numbers), while none of the post's questions names anything
         routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
-        asks = vague or any(words.has(h) for h in self.help_words)
+        asks = vague or any(words.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
         questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
-        return all(max(self._evidence(q).scores.values(), default=0.0) < QUESTION_MIN for q in questions)
+        return not any(self._names_routable(q) for q in questions)
+
+    def _names_routable(self, question: str) -> bool:
+        """Whether one question sentence names something routable on its own. A question that asks
+        for a review ("Could you sanity-check my FSDP setup?": a review word in it) names something
+        only with a symptom: its topic words are what it wants reviewed."""
+        found = self._evidence(question)
+        if max(found.scores.values(), default=0.0) < QUESTION_MIN:
+            return False
+        if not self._asks_review(question):
+            return True
+        return max(found.symptom.values(), default=0.0) >= SYMPTOM_MIN
+
+    def _asks_review(self, text: str) -> bool:
+        """Whether `text` asks for a review ("Review words": "review my", "sanity check")."""
+        return self.review is not None and self.review.search(text.lower()) is not None
 
     def _vague_ask(self, loose: _Positions) -> str | None:
         """The question of the "Ask one question first" row whose phrasing the post says, if any."""
@@ -464,6 +490,11 @@ def _decline_confidence(signs: float, needed: float) -> float:
     strength = 1 - math.exp(-signs)
     margin = (signs - needed) / signs if signs > 0 else 0.0
     return round(strength * (0.5 + 0.5 * max(0.0, margin)), 2)
+
+
+def _phrase_pattern(phrase: str) -> str:
+    """A regex for a review phrase: its words in order, any run of spaces or hyphens between them."""
+    return r"[\s\-]+".join(re.escape(w) for w in re.split(r"[\s\-]+", phrase.lower().strip()) if w)
 
 
 _SETUP_TOKEN = re.compile(r"[A-Za-z_]+|\d[\w.+\-]*")
