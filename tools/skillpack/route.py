@@ -317,7 +317,7 @@ class Router:
                 continue
             if not second_terms:
                 # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
-                own = {w for t in first_terms for w in t}
+                own = {w for t in first_terms if set(t) <= terms_here for w in t}  # the words that fired it
                 if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
                     continue
             specificity = 1 if second_terms else 0
