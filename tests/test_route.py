@@ -321,7 +321,9 @@ def test_a_listed_setup_next_to_a_routable_question_is_routed(router: Router):
 
 def test_a_question_asking_to_review_a_setup_of_topic_words_gets_the_question(router: Router):
     """'Is my DDP setup sensible?' wants a review: its topic words are not a routable question."""
-    result = router.route("Could anyone double-check my FSDP + activation checkpointing setup for a 13B model?")
+    result = router.route(
+        "Could anyone double-check my FSDP + activation checkpointing setup for a 13B model?"
+    )
     assert result.status == "clarify"
 
 
@@ -341,7 +343,9 @@ def test_topic_keywords_alone_are_not_a_symptom(router: Router):
 
 def test_a_how_to_question_with_a_vague_phrase_in_it_is_routed(router: Router):
     """'what needs to change?' after a routable task is a question about that task."""
-    result = router.route("porting my single-gpu script to 4 gpus with DDP and bf16 autocast, what needs to change?")
+    result = router.route(
+        "porting my single-gpu script to 4 gpus with DDP and bf16 autocast, what needs to change?"
+    )
     assert result.skills[0] == "distributed-training-strategies"
 
 
@@ -359,7 +363,9 @@ def test_resuming_with_a_scaler_and_a_schedule_starts_with_checkpointing(router:
 
 def test_building_on_the_meta_device_before_loading_starts_with_module_design(router: Router):
     """Meta-device construction is module design; the checkpoint only fills it."""
-    result = router.route("build the model on the meta device, then load the checkpoint with to_empty and assign=True")
+    result = router.route(
+        "build the model on the meta device, then load the checkpoint with to_empty and assign=True"
+    )
     assert result.skills[0] == "module-design-patterns"
 
 

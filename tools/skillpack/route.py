@@ -201,10 +201,7 @@ class Router:
         # topic terms name what the user works with, not what goes wrong: every skill's keywords,
         # the setup words and the "Topic words"; a phrase matched only on them names no symptom
         self.topic_terms = frozenset(
-            t
-            for p in self.phrases
-            if p.kind == "keywords"
-            for t in p.terms
+            t for p in self.phrases if p.kind == "keywords" for t in p.terms
         ) | frozenset(t for w in (*table.setup_words, *table.topic_words) for t in terms(w, self.synonyms))
         self.vague_loose = [
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
