@@ -317,3 +317,60 @@ def test_a_listed_setup_next_to_a_routable_question_is_routed(router: Router):
         "sees different data?"
     )
     assert result.skills[0] == "distributed-training-strategies"
+
+
+def test_a_question_asking_to_review_a_setup_of_topic_words_gets_the_question(router: Router):
+    """'Is my DDP setup sensible?' wants a review: its topic words are not a routable question."""
+    result = router.route(
+        "Could anyone double-check my FSDP + activation checkpointing setup for a 13B model?"
+    )
+    assert result.status == "clarify"
+
+
+def test_a_review_request_that_names_a_symptom_is_routed(router: Router):
+    """A review phrase next to a real symptom does not hide it."""
+    result = router.route("Can you review my DDP code? Training hangs with 4 GPUs at the first all_reduce.")
+    assert result.skills[0] == "distributed-training-strategies"
+
+
+def test_topic_keywords_alone_are_not_a_symptom(router: Router):
+    """A post that lists DDP and AMP and asks whether it is set up right gets the question."""
+    result = router.route(
+        "I've set up my first multi-GPU run (4x RTX 3090, DDP, batch 32 per GPU, AMP). Is everything set up correctly?"
+    )
+    assert result.status == "clarify"
+
+
+def test_a_how_to_question_with_a_vague_phrase_in_it_is_routed(router: Router):
+    """'what needs to change?' after a routable task is a question about that task."""
+    result = router.route(
+        "porting my single-gpu script to 4 gpus with DDP and bf16 autocast, what needs to change?"
+    )
+    assert result.skills[0] == "distributed-training-strategies"
+
+
+def test_a_slower_network_behind_an_nccl_timeout_is_a_distributed_problem(router: Router):
+    """A job that freezes on every rank is a hang, not a speed question, whatever else it says."""
+    result = router.route("the job freezes on all ranks after an hour, no error, GPU util sits at 100%")
+    assert result.skills[0] == "distributed-training-strategies"
+
+
+def test_resuming_with_a_scaler_and_a_schedule_starts_with_checkpointing(router: Router):
+    """Saving and restoring every stateful object is a checkpoint question first."""
+    result = router.route("How do I resume training with the GradScaler and the LR scheduler state restored?")
+    assert result.skills[:2] == ["checkpointing-and-reproducibility", "mixed-precision-and-optimization"]
+
+
+def test_building_on_the_meta_device_before_loading_starts_with_module_design(router: Router):
+    """Meta-device construction is module design; the checkpoint only fills it."""
+    result = router.route(
+        "build the model on the meta device, then load the checkpoint with to_empty and assign=True"
+    )
+    assert result.skills[0] == "module-design-patterns"
+
+
+def test_a_keras_question_full_of_skill_words_is_declined_with_confidence(router: Router):
+    """A topic that holds unless PyTorch is named needs no margin over the skills' evidence."""
+    result = router.route("Keras mixed_float16 policy: loss becomes NaN with LossScaleOptimizer on my GPU")
+    assert result.status == "out_of_scope"
+    assert result.confidence >= 0.5

@@ -91,6 +91,8 @@ def test_out_of_scope_and_not_evidence_tables_are_read(table):
     assert "pytorch version:" in table.not_evidence
     assert "advice" in table.help_words
     assert "lr" in table.setup_words
+    assert "review my" in table.review_words
+    assert "setup" in table.topic_words
 
 
 def test_an_out_of_scope_row_without_a_declines_value_names_its_line():

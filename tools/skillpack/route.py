@@ -17,9 +17,13 @@ How it decides, deterministically:
    outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
    and the topic does not hold even then.
 4. With no evidence, or a post that names no symptom (only context: versions, hardware,
-   hyper-parameters, topic keywords) and either says one of the "Ask one question first"
-   phrasings, or asks for help or review ("Help words") or lists its setup ("Setup words" next
+   hyper-parameters, topic keywords) and says one of the "Ask one question first" phrasings,
+   asks for help or review ("Help words", "Review words") or lists its setup ("Setup words" next
    to numbers) while none of its question sentences names anything routable on its own, it asks.
+   A phrase names a symptom only through a word that is not a topic term (a keyword of any
+   skill, a setup or topic word): "Setup DDP for 8 GPUs" names a topic, "training hangs with
+   several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
+   names something routable only with a symptom.
 5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own, and words inside file paths do not
    trigger rules.
@@ -181,12 +185,24 @@ class Router:
         self.vague = [
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
         ]
-        self.help_words = [w for h in table.help_words for w in _words(h)]
+        # multi-word help and review words match as a sequence: "double-check" is not "check"
+        self.help_words = [t for h in table.help_words if (t := tuple(_words(h)))]
+        # review words are phrases with their small words ("review my"), matched in the raw text
+        self.review = (
+            re.compile(r"\b(?:" + "|".join(_phrase_pattern(w) for w in table.review_words) + r")\b")
+            if table.review_words
+            else None
+        )
         # "Not evidence": a prefix ending in a letter or digit is a heading (the whole line); one
         # ending in "*" or punctuation drops every line that starts with it
         self._headings = frozenset(p for p in table.not_evidence if p[-1].isalnum())
         self._line_prefixes = tuple(p.rstrip("*") for p in table.not_evidence if not p[-1].isalnum())
         self.setup_words = frozenset(w.lower() for w in table.setup_words)
+        # topic terms name what the user works with, not what goes wrong: every skill's keywords,
+        # the setup words and the "Topic words"; a phrase matched only on them names no symptom
+        self.topic_terms = frozenset(
+            t for p in self.phrases if p.kind == "keywords" for t in p.terms
+        ) | frozenset(t for w in (*table.setup_words, *table.topic_words) for t in terms(w, self.synonyms))
         self.vague_loose = [
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
             for case in table.ambiguous
@@ -262,7 +278,11 @@ class Router:
             s, coverage = self._phrase_score(phrase, qset, ordered)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
-                if phrase.kind in SYMPTOM_KINDS and coverage >= SYMPTOM_COVERAGE:
+                if (
+                    phrase.kind in SYMPTOM_KINDS
+                    and coverage >= SYMPTOM_COVERAGE
+                    and any(t in qset and t not in self.topic_terms for t in phrase.terms)
+                ):
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
@@ -294,7 +314,7 @@ class Router:
                 continue
             if not second_terms:
                 # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
-                own = {w for t in first_terms for w in t}
+                own = {w for t in first_terms if set(t) <= terms_here for w in t}  # the words that fired it
                 if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
                     continue
             specificity = 1 if second_terms else 0
@@ -348,14 +368,30 @@ class Router:
                 best = (topic, round(score, 3), [text for text, _ in seen])
         return best
 
-    def _asks_for_help(self, query: str, words: _Positions) -> bool:
-        """A request for help or review ("Help words") or a listed setup ("Setup words" next to
-        numbers), while none of the post's questions names anything routable on its own."""
-        asks = any(words.has(h) for h in self.help_words)
+    def _asks_for_help(self, query: str, words: _Positions, vague: bool = False) -> bool:
+        """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
+        ("Setup words" next to numbers), while none of the post's questions names anything
+        routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
+        asks = vague or any(words.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
         questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
-        return all(max(self._evidence(q).scores.values(), default=0.0) < QUESTION_MIN for q in questions)
+        return not any(self._names_routable(q) for q in questions)
+
+    def _names_routable(self, question: str) -> bool:
+        """Whether one question sentence names something routable on its own. A question that asks
+        for a review ("Could you sanity-check my FSDP setup?": a review word in it) names something
+        only with a symptom: its topic words are what it wants reviewed."""
+        found = self._evidence(question)
+        if max(found.scores.values(), default=0.0) < QUESTION_MIN:
+            return False
+        if not self._asks_review(question):
+            return True
+        return max(found.symptom.values(), default=0.0) >= SYMPTOM_MIN
+
+    def _asks_review(self, text: str) -> bool:
+        """Whether `text` asks for a review ("Review words": "review my", "sanity check")."""
+        return self.review is not None and self.review.search(text.lower()) is not None
 
     def _vague_ask(self, loose: _Positions) -> str | None:
         """The question of the "Ask one question first" row whose phrasing the post says, if any."""
@@ -389,7 +425,7 @@ class Router:
                 reason=topic.say,
                 out_of_scope_signs=signs,
                 evidence=matched,
-                confidence=round(min(1.0, oos / (oos + 0.5 * top + 1.0)), 2),
+                confidence=_decline_confidence(oos, OUTWEIGHS[topic.declines] * top),
                 scores=scores,
                 ignored_lines=ignored,
                 summary=f"Out of scope ({topic.topic}): {topic.say}",
@@ -400,7 +436,7 @@ class Router:
         if (
             top < MIN_EVIDENCE
             or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-            or (symptom < SYMPTOM_MIN and (ask is not None or self._asks_for_help(query, words)))
+            or (symptom < SYMPTOM_MIN and self._asks_for_help(query, words, ask is not None))
         ):
             return RouteResult(
                 status="clarify",
@@ -442,6 +478,20 @@ class Router:
             ignored_lines=ignored,
             summary=summary,
         )
+
+
+def _decline_confidence(signs: float, needed: float) -> float:
+    """How clearly a query is out of scope: the signs' strength times their margin over what the
+    topic needed (a topic that holds "unless PyTorch is named" needs nothing: a Keras question full
+    of mixed-precision words is as clearly out of scope as a short one)."""
+    strength = 1 - math.exp(-signs)
+    margin = (signs - needed) / signs if signs > 0 else 0.0
+    return round(strength * (0.5 + 0.5 * max(0.0, margin)), 2)
+
+
+def _phrase_pattern(phrase: str) -> str:
+    """A regex for a review phrase: its words in order, any run of spaces or hyphens between them."""
+    return r"[\s\-]+".join(re.escape(w) for w in re.split(r"[\s\-]+", phrase.lower().strip()) if w)
 
 
 _SETUP_TOKEN = re.compile(r"[A-Za-z_]+|\d[\w.+\-]*")

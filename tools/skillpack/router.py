@@ -24,7 +24,11 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   names no symptom, however much detail it carries), a `**Help words:** a, b` line (words of a
   request for help or review) and a `**Setup words:** a, b` line (hyper-parameter and hardware
   words that, next to a number, list a setup): either makes a symptomless post without a routable
-  question vague.
+  question vague. A `**Review words:** a, b` line holds phrases, small words kept ("review my",
+  "sanity check"), of a request for a review: a question that says one names nothing routable
+  without a symptom (its topic words are what it wants reviewed). A `**Topic words:** a, b` line
+  holds words that name a setup, not a problem ("setup", "config"): with every skill's keywords
+  and the setup words, a phrase matched only on them names no symptom.
 - `## Words users use` is a table `| Users write | Read it as |`: synonyms applied to the query.
 - `## Out of scope` is a table `| Topic | The query mentions | Declines | Say |`: signs of a
   question that is not PyTorch engineering, when the row holds (`unless PyTorch is named`,
@@ -120,6 +124,8 @@ class RouterTable:
     not_evidence: list[str] = field(default_factory=list)  # line prefixes, lower-cased
     help_words: list[str] = field(default_factory=list)  # "Help words:" of "Ask one question first"
     setup_words: list[str] = field(default_factory=list)  # "Setup words:" of "Ask one question first"
+    topic_words: list[str] = field(default_factory=list)  # "Topic words:" of "Ask one question first"
+    review_words: list[str] = field(default_factory=list)  # "Review words:" of "Ask one question first"
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -358,14 +364,14 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
                 synonyms[word.lower()] = _clean(cells[1]).lower()
     topics, signs = _parse_out_of_scope(_find(sections, "out of scope") or [])
     ask_section = _find(sections, "ask one question") or []
-    help_words, setup_words = (
+    help_words, setup_words, topic_words, review_words = (
         [
             word.lower()
             for _file, _lineno, line in ask_section
             if (lm := _LABEL.match(line.strip())) and lm.group(1).strip().lower() == label
             for word in _split_terms(lm.group(2))
         ]
-        for label in ("help words", "setup words")
+        for label in ("help words", "setup words", "topic words", "review words")
     )
     not_evidence = [
         prefix.lower()
@@ -382,6 +388,8 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         not_evidence,
         help_words,
         setup_words,
+        topic_words,
+        review_words,
     )
 
 

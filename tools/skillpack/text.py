@@ -22,7 +22,7 @@ STOP_WORDS = frozenset(
     models training train trained code script issue issues problem problems question questions
     getting seem seems seemed keep keeps kept make makes made go goes going work works working
     worked run runs running ran see sees saw look looks looking know wrong correct properly right
-    best good bad better""".split()
+    best good bad better through throughout""".split()
 )
 
 # Words kept although the stop list would drop them: they carry routing signal.
