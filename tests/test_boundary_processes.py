@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from tests.owned import entered_in_own_task
+from tests.processes import wait_gone
 from torch_skills.runner.errors import WorkerError
 from torch_skills.runner.pool import WorkerPool, default_memory_limit_bytes, memory_budget_bytes
 
@@ -24,28 +25,11 @@ async def pool() -> AsyncIterator[WorkerPool]:
         yield pool
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-async def _wait_gone(pid: int, seconds: float = 5) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        await anyio.sleep(0.05)
-    return _gone(pid)
-
-
 async def test_a_grandchild_in_a_new_session_dies_when_its_call_returns(pool: WorkerPool, tmp_path: Path):
     """start_new_session=True leaves the job's process group; the job's tree still takes it down."""
     pid_file = tmp_path / "pid"
     job = await pool.run(f"{BOUNDARY}:setsid_grandchild", {"pid_file": str(pid_file)}, timeout_s=30)
-    assert await _wait_gone(job.result["grandchild"])
+    assert await wait_gone(job.result["grandchild"])
 
 
 async def test_a_grandchild_in_a_new_session_dies_when_its_call_times_out(pool: WorkerPool, tmp_path: Path):
@@ -56,14 +40,14 @@ async def test_a_grandchild_in_a_new_session_dies_when_its_call_times_out(pool: 
             f"{BOUNDARY}:setsid_grandchild", {"pid_file": str(pid_file), "hang": True}, timeout_s=3
         )
     assert err.value.kind == "timeout"
-    assert await _wait_gone(int(pid_file.read_text()))
+    assert await wait_gone(int(pid_file.read_text()))
 
 
 async def test_a_double_forked_daemon_dies_with_its_call(pool: WorkerPool, tmp_path: Path):
     """A process orphaned while the job runs (its parent exited) is still the job's and dies with it."""
     pid_file = tmp_path / "pid"
     job = await pool.run(f"{BOUNDARY}:double_fork_daemon", {"pid_file": str(pid_file)}, timeout_s=30)
-    assert await _wait_gone(job.result["daemon"])
+    assert await wait_gone(job.result["daemon"])
 
 
 async def test_time_waiting_for_a_free_worker_counts_toward_the_timeout_and_is_reported(pool: WorkerPool):

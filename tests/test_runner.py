@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import anyio
 import pytest
 
 from tests.owned import entered_in_own_task
+from tests.processes import wait_gone
 from torch_skills.runner.errors import WorkerError
 from torch_skills.runner.pool import WorkerPool
 
@@ -27,24 +27,6 @@ async def pool() -> AsyncIterator[WorkerPool]:
     async with entered_in_own_task(_prewarmed_pool) as pool:
         pool.prewarm()
         yield pool
-
-
-def _gone(pid: int) -> bool:
-    """True when the process no longer runs (absent, or a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-async def _wait_gone(pid: int, seconds: float = 5) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        await anyio.sleep(0.05)
-    return _gone(pid)
 
 
 async def test_a_call_returns_its_result_and_what_the_code_printed(pool: WorkerPool, capfd):
@@ -109,17 +91,17 @@ async def test_a_hang_is_stopped_at_the_timeout_and_its_process_killed(pool: Wor
     with pytest.raises(WorkerError) as err:
         await pool.run(f"{JOBS}:write_pid_then_hang", {"pid_file": str(pid_file)}, timeout_s=2)
     assert err.value.kind == "timeout"
-    assert await _wait_gone(int(pid_file.read_text()))
+    assert await wait_gone(int(pid_file.read_text()))
 
 
 async def test_processes_the_user_code_started_die_with_its_call(pool: WorkerPool, tmp_path: Path):
     """Leftover children (DataLoader workers, subprocesses) are killed with the job's process group."""
     job = await pool.run(f"{JOBS}:spawn_grandchild", {}, timeout_s=30)
-    assert await _wait_gone(job.result["grandchild"])
+    assert await wait_gone(job.result["grandchild"])
     pid_file = tmp_path / "grandchild"
     with pytest.raises(WorkerError):
         await pool.run(f"{JOBS}:spawn_grandchild", {"hang": True, "pid_file": str(pid_file)}, timeout_s=2)
-    assert await _wait_gone(int(pid_file.read_text()))
+    assert await wait_gone(int(pid_file.read_text()))
 
 
 async def test_a_cancelled_call_kills_its_process(pool: WorkerPool, tmp_path: Path):
@@ -127,7 +109,7 @@ async def test_a_cancelled_call_kills_its_process(pool: WorkerPool, tmp_path: Pa
     pid_file = tmp_path / "pid"
     with anyio.move_on_after(2):
         await pool.run(f"{JOBS}:write_pid_then_hang", {"pid_file": str(pid_file)}, timeout_s=60)
-    assert await _wait_gone(int(pid_file.read_text()))
+    assert await wait_gone(int(pid_file.read_text()))
 
 
 async def test_memory_beyond_the_limit_stops_the_call_with_a_memory_error(pool: WorkerPool):
@@ -165,7 +147,7 @@ async def test_the_warm_worker_is_restarted_after_it_dies(pool: WorkerPool):
     """Killing the warm worker costs one restart, not the server."""
     worker_pid = pool.worker_info["pid"]
     os.kill(worker_pid, signal.SIGKILL)
-    assert await _wait_gone(worker_pid)
+    assert await wait_gone(worker_pid)
     job = await pool.run(f"{JOBS}:echo", {}, timeout_s=60)
     assert job.result["sum"] == 4.0
     assert pool.worker_info["pid"] != worker_pid
