@@ -306,8 +306,11 @@ class Router:
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
-            pasted = set().union(*(t for s, t in found.pasted.items() if s != rule.first))
-            terms_here = qset - pasted  # words of another skill's pasted message are that message's
+            # words of another skill's pasted message are that message's, unless the rule names that
+            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is about)
+            own_skills = {rule.first, *rule.then}
+            pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
+            terms_here = qset - pasted
             if not any(set(t) <= terms_here for t in first_terms):
                 continue
             if second_terms and not any(set(t) <= terms_here for t in second_terms):
