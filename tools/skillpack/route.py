@@ -86,6 +86,9 @@ _ASKING = frozenset(
     "how what whats which why when where should can could is are does do did will would any anyone".split()
 )
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
+_HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_NUMBER = re.compile(r"^[\d.]+$")
+_BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
 
@@ -291,7 +294,8 @@ class Router:
             hits.sort(reverse=True)
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
-            term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
+            # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
+            term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill] if not _NUMBER.match(t))
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
         return _Evidence(scores, evidence, ordered, symptom, pasted)
@@ -342,17 +346,28 @@ class Router:
 
     # -- what counts as evidence ----------------------------------------------------------------
     def _drop_not_evidence(self, query: str) -> tuple[str, int]:
-        """The query without the lines the "Not evidence" table names, and how many were dropped."""
+        """The query without the lines the "Not evidence" table names, and how many were dropped.
+
+        An HTML comment (an issue template's guidance) is dropped too, and so is a whole block of
+        box-drawn lines (starting with '|' or '+', as `nvidia-smi` prints) when one of its lines is."""
         if not self.table.not_evidence:
             return query, 0
-        kept, dropped = [], 0
-        for line in query.splitlines():
-            key = _LINE_LEAD.sub("", line.strip()).lower()
-            if key and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings):
-                dropped += 1
-            else:
-                kept.append(line)
-        return "\n".join(kept), dropped
+        query = _HTML_COMMENT.sub("", query)
+        lines = query.splitlines()
+        drop = []
+        for line in lines:
+            key = " ".join(_LINE_LEAD.sub("", line.strip()).lower().split())  # nvidia-smi pads with spaces
+            drop.append(bool(key) and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings))
+        start = 0
+        while start < len(lines):  # box-drawn blocks go whole with any line of theirs
+            end = start
+            while end < len(lines) and lines[end].lstrip().startswith(_BOX_LEAD):
+                end += 1
+            if end > start and any(drop[start:end]):
+                drop[start:end] = [True] * (end - start)
+            start = max(end, start + 1)
+        kept = [line for line, gone in zip(lines, drop) if not gone]
+        return "\n".join(kept), sum(drop)
 
     def _names_pytorch(self, words: _Positions) -> bool:
         return any(words.near(sign) for sign in self.anchors)
