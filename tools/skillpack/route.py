@@ -87,6 +87,13 @@ _ASKING = frozenset(
 )
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 _HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+NEGATED = frozenset({"not", "no"})  # a phrase with one of these needs a negation in the query
+_NEGATION = re.compile(  # negations and failure verbs: "doesn't work" and "breaks" both negate
+    r"\b(?:not|no|never|none|nothing|nobody|cannot|without|neither|nor|fail(?:s|ed|ing)?|refuses?|"
+    r"break(?:s|ing)?|broke|broken|crash(?:es|ed|ing)?|stops?|stopped|"
+    r"(?:do|does|did|is|are|was|were|wo|ca|have|has|had|could|would|should|ai)n['\u2019]?t)\b",
+    re.I,
+)
 _NUMBER = re.compile(r"^[\d.]+$")
 _BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
@@ -234,12 +241,17 @@ class Router:
         return conv(rule.terms), conv(rule.together_with)
 
     # -- scoring --------------------------------------------------------------------------------
-    def _phrase_score(self, phrase: _Phrase, query: set[str], ordered: list[str]) -> tuple[float, float]:
-        """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x."""
+    def _phrase_score(
+        self, phrase: _Phrase, query: set[str], ordered: list[str], negated: bool = True
+    ) -> tuple[float, float]:
+        """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x.
+        A phrase with a negation ("not learning") needs a query that negates something (`negated`)."""
         weights = [self.idf.get(t, 0.0) for t in phrase.terms]
         total = sum(weights)
         if total <= 0:
             return 0.0, 0.0
+        if not negated and NEGATED & set(phrase.terms):
+            return 0.0, 0.0  # "not learning" is the opposite of "a learned temperature"
         matched = sum(w for t, w in zip(phrase.terms, weights, strict=True) if t in query)
         coverage = matched / total
         if len(phrase.terms) == 1:
@@ -274,11 +286,12 @@ class Router:
     def _evidence(self, query: str) -> _Evidence:
         ordered = terms(query, self.synonyms)
         qset = set(ordered)
+        negated = bool(NEGATED & qset) or _NEGATION.search(query) is not None
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         for phrase in self.phrases:
-            s, coverage = self._phrase_score(phrase, qset, ordered)
+            s, coverage = self._phrase_score(phrase, qset, ordered, negated)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
                 if (
