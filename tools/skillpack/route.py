@@ -88,6 +88,7 @@ _ASKING = frozenset(
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 _HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 NEGATED = frozenset({"not", "no"})  # a phrase with one of these needs a negation in the query
+NEGATED_SHORT = 2  # ... when it has at most this many other terms
 _NEGATION = re.compile(  # negations and failure verbs: "doesn't work" and "breaks" both negate
     r"\b(?:not|no|never|none|nothing|nobody|cannot|without|neither|nor|fail(?:s|ed|ing)?|refuses?|"
     r"break(?:s|ing)?|broke|broken|crash(?:es|ed|ing)?|stops?|stopped|"
@@ -245,12 +246,13 @@ class Router:
         self, phrase: _Phrase, query: set[str], ordered: list[str], negated: bool = True
     ) -> tuple[float, float]:
         """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x.
-        A phrase with a negation ("not learning") needs a query that negates something (`negated`)."""
+        A short phrase with a negation ("not learning") needs a query that negates something (`negated`):
+        on one or two words it would match its opposite ("a learned temperature")."""
         weights = [self.idf.get(t, 0.0) for t in phrase.terms]
         total = sum(weights)
         if total <= 0:
             return 0.0, 0.0
-        if not negated and NEGATED & set(phrase.terms):
+        if not negated and NEGATED & set(phrase.terms) and len(set(phrase.terms) - NEGATED) <= NEGATED_SHORT:
             return 0.0, 0.0  # "not learning" is the opposite of "a learned temperature"
         matched = sum(w for t, w in zip(phrase.terms, weights, strict=True) if t in query)
         coverage = matched / total
