@@ -388,17 +388,20 @@ class Router:
         return any(words.near(sign) for sign in self.anchors)
 
     def _out_of_scope(
-        self, words: _Positions, named: bool
+        self, words: _Positions, named: bool, top: float = 0.0
     ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
-        """The out-of-scope topic whose signs the query shows most, its score and the signs seen."""
+        """The out-of-scope topic whose signs most exceed what it needs to decline (its "Declines"
+        share of the best skill score `top`), its score and the signs seen."""
         best: tuple[OutOfScopeTopic | None, float, list[str]] = (None, 0.0, [])
+        best_margin = -math.inf
         for topic, signs in self.topics:
             if named and not topic.holds_when_named:
                 continue
             seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
-            if score > best[1]:
-                best = (topic, round(score, 3), [text for text, _ in seen])
+            margin = score - OUTWEIGHS[topic.declines] * top
+            if score > 0 and (margin, score) > (best_margin, best[1]):
+                best, best_margin = (topic, round(score, 3), [text for text, _ in seen]), margin
         return best
 
     def _asks_for_help(self, query: str, words: _Positions, vague: bool = False) -> bool:
@@ -449,7 +452,7 @@ class Router:
 
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
-        topic, oos, signs = self._out_of_scope(words, named)
+        topic, oos, signs = self._out_of_scope(words, named, top)
         if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
