@@ -79,6 +79,7 @@ SIGN_GAP = 2  # words of a multi-word sign may have this many other terms betwee
 # names something routable on its own.
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
 MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
+BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, names a topic, not a problem
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
@@ -425,6 +426,11 @@ class Router:
             return True
         return max(found.symptom.values(), default=0.0) >= SYMPTOM_MIN
 
+    def _bare_topic(self, query: str, qset: set[str]) -> bool:
+        """Whether the post is only a name of what the user works with ("torch.compile", "FSDP2 bf16"):
+        a few words, every term a topic term (a keyword, setup or topic word), nothing pasted."""
+        return bool(qset) and len(tokens(query)) <= BARE_TOPIC_WORDS and qset <= self.topic_terms
+
     def _asks_review(self, text: str) -> bool:
         """Whether `text` asks for a review ("Review words": "review my", "sanity check")."""
         return self.review is not None and self.review.search(text.lower()) is not None
@@ -471,6 +477,7 @@ class Router:
         ask = self._vague_ask(loose)
         if (
             top < MIN_EVIDENCE
+            or (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
             or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
             or (symptom < SYMPTOM_MIN and self._asks_for_help(query, words, ask is not None))
         ):
