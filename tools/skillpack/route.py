@@ -311,7 +311,9 @@ class Router:
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
             # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
-            term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill] if not _NUMBER.match(t))
+            term_score = TERM_WEIGHT * sum(
+                self.term_idf[t] for t in qset & self.vocab[skill] if not _NUMBER.match(t)
+            )
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
         return _Evidence(scores, evidence, ordered, symptom, pasted)
@@ -373,7 +375,9 @@ class Router:
         drop = []
         for line in lines:
             key = " ".join(_LINE_LEAD.sub("", line.strip()).lower().split())  # nvidia-smi pads with spaces
-            drop.append(bool(key) and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings))
+            drop.append(
+                bool(key) and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings)
+            )
         start = 0
         while start < len(lines):  # box-drawn blocks go whole with any line of theirs
             end = start
@@ -382,7 +386,7 @@ class Router:
             if end > start and any(drop[start:end]):
                 drop[start:end] = [True] * (end - start)
             start = max(end, start + 1)
-        kept = [line for line, gone in zip(lines, drop) if not gone]
+        kept = [line for line, gone in zip(lines, drop, strict=True) if not gone]
         return "\n".join(kept), sum(drop)
 
     def _names_pytorch(self, words: _Positions) -> bool:
