@@ -221,6 +221,7 @@ class Router:
         ]
         # signs are matched word for word, unstemmed: "tensorflow" must not match "tensor"
         self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
+        self.shared_anchors = [t for t in (tuple(_words(s)) for s in table.shared_signs) if t]
         self.topics = [
             (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
         ]
@@ -392,16 +393,24 @@ class Router:
     def _names_pytorch(self, words: _Positions) -> bool:
         return any(words.near(sign) for sign in self.anchors)
 
+    def _names_shared(self, words: _Positions) -> bool:
+        """Whether the query uses an API name PyTorch shares with other frameworks (nn.Module)."""
+        return any(words.near(sign) for sign in self.shared_anchors)
+
     def _out_of_scope(
-        self, words: _Positions, named: bool, top: float = 0.0
+        self, words: _Positions, named: bool, top: float = 0.0, shared: bool = False
     ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
         """The out-of-scope topic whose signs most exceed what it needs to decline (its "Declines"
-        share of the best skill score `top`), its score and the signs seen."""
+        share of the best skill score `top`), its score and the signs seen. `named`: a PyTorch sign
+        is there; `shared`: an API name PyTorch shares with other frameworks is, which names PyTorch
+        for an "unless PyTorch is named" topic only when none of its own signs is there."""
         best: tuple[OutOfScopeTopic | None, float, list[str]] = (None, 0.0, [])
         best_margin = -math.inf
         for topic, signs in self.topics:
             if named and not topic.holds_when_named:
                 continue
+            if shared and topic.declines == "outweighs":
+                continue  # a shared name still names PyTorch for the "when it outweighs" topics
             seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
             margin = score - OUTWEIGHS[topic.declines] * top
@@ -462,7 +471,7 @@ class Router:
 
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
-        topic, oos, signs = self._out_of_scope(words, named, top)
+        topic, oos, signs = self._out_of_scope(words, named, top, shared=self._names_shared(words))
         if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
