@@ -576,6 +576,8 @@ def _words(text: str) -> list[str]:
     out = []
     for tok in tokens(text.lower()):
         out.append(tok)
+        if _NUMBER.match(tok):
+            continue  # a version ('12.4') is one word: split, it would push a sign's words apart
         parts = [p for p in re.split(r"[./\-]", tok) if p]
         for part in parts if len(parts) > 1 else []:
             out.append(part)
