@@ -96,6 +96,7 @@ _NEGATION = re.compile(  # negations and failure verbs: "doesn't work" and "brea
     r"(?:do|does|did|is|are|was|were|wo|ca|have|has|had|could|would|should|ai)n['\u2019]?t)\b",
     re.I,
 )
+_DISCOURSE = re.compile(r"(^|[.!?\n]\s*)(?:ok|okay|alright)\b[,.!:]?", re.I)
 _NUMBER = re.compile(r"^[\d.]+$")
 _BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
@@ -422,7 +423,9 @@ class Router:
         """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
         ("Setup words" next to numbers), while none of the post's questions names anything
         routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
-        asks = vague or any(words.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
+        # "ok"/"okay" opening a sentence is a discourse marker ("ok this is driving me nuts"), not a judgment
+        said = _Positions(_words(_DISCOURSE.sub(r"\1", query)))
+        asks = vague or any(said.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
         questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
