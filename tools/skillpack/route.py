@@ -9,13 +9,18 @@ the structure), so editing those files changes routing; nothing about PyTorch is
 
 How it decides, deterministically:
 1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
-   dropped; the rest is normalized (synonyms from "Words users use", light stemming, stop words).
+   dropped, with a whole drawn table (`nvidia-smi`) when one of its lines is, and HTML comments;
+   the rest is normalized (synonyms from "Words users use", light stemming, stop words).
 2. Each skill's phrases are matched by coverage: the idf-weighted share of a phrase's terms
    present in the query (a phrase counts from 50% coverage; error messages also match in order).
-   A skill's score is the sum of its best phrase scores, with diminishing weight.
+   A skill's score is the sum of its best phrase scores, with diminishing weight, plus its single
+   terms (bare numbers are context, not terms). A short phrase with a negation ("not learning")
+   needs a negation or a failure verb in the query: otherwise it would match its opposite.
 3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
    outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
-   and the topic does not hold even then.
+   and the topic does not hold even then. The topic chosen is the one with the widest margin over
+   what it needs; a "Shared API name" (nn.Module) names PyTorch for an "unless PyTorch is named"
+   topic only when none of its signs is there (Flax has an nn.Module too).
 4. With no evidence, or a post that names no symptom (only context: versions, hardware,
    hyper-parameters, topic keywords) and says one of the "Ask one question first" phrasings,
    asks for help or review ("Help words", "Review words") or lists its setup ("Setup words" next
@@ -23,15 +28,20 @@ How it decides, deterministically:
    A phrase names a symptom only through a word that is not a topic term (a keyword of any
    skill, a setup or topic word): "Setup DDP for 8 GPUs" names a topic, "training hangs with
    several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
-   names something routable only with a symptom.
+   names something routable only with a symptom. A post of a few words that are all topic terms
+   ("torch.compile", "DDP") names no problem either.
 5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own, and words inside file paths do not
-   trigger rules.
+   trigger rules, nor do the words of another skill's pasted message (unless the rule reads that
+   skill next: a pasted OOM in an FSDP job fires the OOM-with-FSDP rule).
 
 Known limitations: bag-of-terms matching: a symptom described in words the router never uses
 (and no synonym maps) is not recognized; non-English text gets the clarifying question; a
 question about another framework that never names it (nor any sign the table lists) is routed
-as if it were PyTorch.
+as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
+keyword whose parts are common words makes those words topic terms, so keywords avoid compounds
+such as 'broadcast_object_list'. A report with no matched phrase and no question (a bare
+version printout) is still routed on single terms.
 """
 
 from __future__ import annotations
