@@ -438,3 +438,12 @@ def test_the_out_of_scope_topic_is_the_one_that_clears_its_bar(router: Router):
     )
     assert result.status == "out_of_scope"
     assert "Keras" in result.out_of_scope
+
+
+def test_a_technical_yes_no_question_inside_a_sanity_check_is_routed(router: Router):
+    """'is it ok to call X' asks about X; 'sanity check my setup' alone still gets the question."""
+    result = router.route(
+        "Sanity check please: is it ok to call scheduler.step() once per epoch with OneCycleLR?"
+    )
+    assert result.skills[0] == "mixed-precision-and-optimization"
+    assert router.route("Could you sanity check my FSDP setup?").status == "clarify"

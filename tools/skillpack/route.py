@@ -107,6 +107,9 @@ _NEGATION = re.compile(  # negations and failure verbs: "doesn't work" and "brea
     re.I,
 )
 _DISCOURSE = re.compile(r"(^|[.!?\n]\s*)(?:ok|okay|alright)\b[,.!:]?", re.I)
+_TECHNICAL_YES_NO = re.compile(
+    r"\b(?:is|are)\s+(?:it|this|that)\s+(?:ok|okay|fine|safe|correct|valid|legal)\s+to\b", re.I
+)
 _NUMBER = re.compile(r"^[\d.]+$")
 _BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
@@ -434,7 +437,7 @@ class Router:
         ("Setup words" next to numbers), while none of the post's questions names anything
         routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
         # "ok"/"okay" opening a sentence is a discourse marker ("ok this is driving me nuts"), not a judgment
-        said = _Positions(_words(_DISCOURSE.sub(r"\1", query)))
+        said = _Positions(_words(_TECHNICAL_YES_NO.sub(" ", _DISCOURSE.sub(r"\1", query))))
         asks = vague or any(said.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
@@ -448,8 +451,8 @@ class Router:
         found = self._evidence(question)
         if max(found.scores.values(), default=0.0) < QUESTION_MIN:
             return False
-        if not self._asks_review(question):
-            return True
+        if not self._asks_review(question) or _TECHNICAL_YES_NO.search(question):
+            return True  # "sanity check: is it ok to call X once per epoch?" asks about X, not for a review
         return max(found.symptom.values(), default=0.0) >= SYMPTOM_MIN
 
     def _bare_topic(self, query: str, qset: set[str]) -> bool:
