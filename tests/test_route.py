@@ -374,3 +374,76 @@ def test_a_keras_question_full_of_skill_words_is_declined_with_confidence(router
     result = router.route("Keras mixed_float16 policy: loss becomes NaN with LossScaleOptimizer on my GPU")
     assert result.status == "out_of_scope"
     assert result.confidence >= 0.5
+
+
+def test_a_function_word_does_not_fire_a_rule_by_its_stem(router: Router):
+    """'through' is not 'throughput': a custom op that compile should trace starts with custom autograd."""
+    result = router.route(
+        "How do I register my Triton kernel as an op so torch.compile can trace through it without a graph break?"
+    )
+    assert result.skills[0] == "custom-autograd-functions"
+
+
+def test_a_pasted_oom_in_an_fsdp_job_starts_with_distributed(router: Router):
+    """The rule's second skill owns the pasted message; the message still fires the rule."""
+    result = router.route(
+        "FSDP on 8 GPUs, bf16.\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 3 has a total capacity of 79.10 GiB of which 1.02 GiB is free."
+    )
+    assert result.skills[:2] == ["distributed-training-strategies", "tensor-operations-and-memory"]
+
+
+def test_a_pasted_nvidia_smi_table_alone_gets_the_question(router: Router):
+    """A drawn nvidia-smi table is environment, not a symptom: the whole box is dropped."""
+    table = (
+        "+---------------------------------------------------------------+\n"
+        "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2 |\n"
+        "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |\n"
+        "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |\n"
+        "|   0  NVIDIA A100-SXM4-40GB  On | 00000000:07:00.0 Off |                    0 |\n"
+        "| N/A   35C    P0    90W / 400W |  30000MiB / 40960MiB |     95%      Default |\n"
+        "+---------------------------------------------------------------+\n"
+    )
+    result = router.route(table)
+    assert result.status == "clarify"
+    assert result.ignored_lines == 7
+
+
+def test_an_empty_issue_template_gets_the_question(router: Router):
+    """Template guidance in HTML comments and bare version numbers are not evidence."""
+    result = router.route(
+        "## Bug\n<!-- Describe what went wrong and paste the traceback -->\n\n## Versions\ntorch 2.4.1, CUDA 12.1, 2x A6000\n"
+    )
+    assert result.status == "clarify"
+
+
+def test_a_short_negated_phrase_does_not_match_its_opposite(router: Router):
+    """'a learned temperature' is not 'not learning'."""
+    found = router.scores("should the softmax use a learned temperature or a fixed one")[1]
+    assert "not learning" not in found["debugging-techniques"]
+    assert "not learning" in router.scores("my model doesn't learn anything")[1]["debugging-techniques"]
+
+
+def test_a_bare_topic_name_gets_the_question(router: Router):
+    """'FSDP' or 'torch.compile' alone names what the user works with, not what goes wrong."""
+    for query in ("torch.compile", "FSDP", "safetensors"):
+        assert router.route(query).status == "clarify", query
+    assert router.route("NaN loss").skills[0] == "debugging-techniques"
+
+
+def test_the_out_of_scope_topic_is_the_one_that_clears_its_bar(router: Router):
+    """Keras 3 on the torch backend names PyTorch, so only its own 'always' row can decline it."""
+    result = router.route(
+        "KERAS_BACKEND=torch and model.fit is slow on the GPU, what keras.config setting do I need?"
+    )
+    assert result.status == "out_of_scope"
+    assert "Keras" in result.out_of_scope
+
+
+def test_a_technical_yes_no_question_inside_a_sanity_check_is_routed(router: Router):
+    """'is it ok to call X' asks about X; 'sanity check my setup' alone still gets the question."""
+    result = router.route(
+        "Sanity check please: is it ok to call scheduler.step() once per epoch with OneCycleLR?"
+    )
+    assert result.skills[0] == "mixed-precision-and-optimization"
+    assert router.route("Could you sanity check my FSDP setup?").status == "clarify"

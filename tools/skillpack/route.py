@@ -9,13 +9,18 @@ the structure), so editing those files changes routing; nothing about PyTorch is
 
 How it decides, deterministically:
 1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
-   dropped; the rest is normalized (synonyms from "Words users use", light stemming, stop words).
+   dropped, with a whole drawn table (`nvidia-smi`) when one of its lines is, and HTML comments;
+   the rest is normalized (synonyms from "Words users use", light stemming, stop words).
 2. Each skill's phrases are matched by coverage: the idf-weighted share of a phrase's terms
    present in the query (a phrase counts from 50% coverage; error messages also match in order).
-   A skill's score is the sum of its best phrase scores, with diminishing weight.
+   A skill's score is the sum of its best phrase scores, with diminishing weight, plus its single
+   terms (bare numbers are context, not terms). A short phrase with a negation ("not learning")
+   needs a negation or a failure verb in the query: otherwise it would match its opposite.
 3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
    outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
-   and the topic does not hold even then.
+   and the topic does not hold even then. The topic chosen is the one with the widest margin over
+   what it needs; a "Shared API name" (nn.Module) names PyTorch for an "unless PyTorch is named"
+   topic only when none of its signs is there (Flax has an nn.Module too).
 4. With no evidence, or a post that names no symptom (only context: versions, hardware,
    hyper-parameters, topic keywords) and says one of the "Ask one question first" phrasings,
    asks for help or review ("Help words", "Review words") or lists its setup ("Setup words" next
@@ -23,15 +28,20 @@ How it decides, deterministically:
    A phrase names a symptom only through a word that is not a topic term (a keyword of any
    skill, a setup or topic word): "Setup DDP for 8 GPUs" names a topic, "training hangs with
    several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
-   names something routable only with a symptom.
+   names something routable only with a symptom. A post of a few words that are all topic terms
+   ("torch.compile", "DDP") names no problem either.
 5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own, and words inside file paths do not
-   trigger rules.
+   trigger rules, nor do the words of another skill's pasted message (unless the rule reads that
+   skill next: a pasted OOM in an FSDP job fires the OOM-with-FSDP rule).
 
 Known limitations: bag-of-terms matching: a symptom described in words the router never uses
 (and no synonym maps) is not recognized; non-English text gets the clarifying question; a
 question about another framework that never names it (nor any sign the table lists) is routed
-as if it were PyTorch.
+as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
+keyword whose parts are common words makes those words topic terms, so keywords avoid compounds
+such as 'broadcast_object_list'. A report with no matched phrase and no question (a bare
+version printout) is still routed on single terms.
 """
 
 from __future__ import annotations
@@ -79,6 +89,7 @@ SIGN_GAP = 2  # words of a multi-word sign may have this many other terms betwee
 # names something routable on its own.
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
 MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
+BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, names a topic, not a problem
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
@@ -86,6 +97,21 @@ _ASKING = frozenset(
     "how what whats which why when where should can could is are does do did will would any anyone".split()
 )
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
+_HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+NEGATED = frozenset({"not", "no"})  # a phrase with one of these needs a negation in the query
+NEGATED_SHORT = 2  # ... when it has at most this many other terms
+_NEGATION = re.compile(  # negations and failure verbs: "doesn't work" and "breaks" both negate
+    r"\b(?:not|no|never|none|nothing|nobody|cannot|without|neither|nor|fail(?:s|ed|ing)?|refuses?|"
+    r"break(?:s|ing)?|broke|broken|crash(?:es|ed|ing)?|stops?|stopped|"
+    r"(?:do|does|did|is|are|was|were|wo|ca|have|has|had|could|would|should|ai)n['\u2019]?t)\b",
+    re.I,
+)
+_DISCOURSE = re.compile(r"(^|[.!?\n]\s*)(?:ok|okay|alright)\b[,.!:]?", re.I)
+_TECHNICAL_YES_NO = re.compile(
+    r"\b(?:is|are)\s+(?:it|this|that)\s+(?:ok|okay|fine|safe|correct|valid|legal)\s+to\b", re.I
+)
+_NUMBER = re.compile(r"^[\d.]+$")
+_BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
 
@@ -209,6 +235,7 @@ class Router:
         ]
         # signs are matched word for word, unstemmed: "tensorflow" must not match "tensor"
         self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
+        self.shared_anchors = [t for t in (tuple(_words(s)) for s in table.shared_signs) if t]
         self.topics = [
             (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
         ]
@@ -231,12 +258,18 @@ class Router:
         return conv(rule.terms), conv(rule.together_with)
 
     # -- scoring --------------------------------------------------------------------------------
-    def _phrase_score(self, phrase: _Phrase, query: set[str], ordered: list[str]) -> tuple[float, float]:
-        """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x."""
+    def _phrase_score(
+        self, phrase: _Phrase, query: set[str], ordered: list[str], negated: bool = True
+    ) -> tuple[float, float]:
+        """(score, coverage) of one phrase; a pasted error message, word for word, scores 1.5x.
+        A short phrase with a negation ("not learning") needs a query that negates something (`negated`):
+        on one or two words it would match its opposite ("a learned temperature")."""
         weights = [self.idf.get(t, 0.0) for t in phrase.terms]
         total = sum(weights)
         if total <= 0:
             return 0.0, 0.0
+        if not negated and NEGATED & set(phrase.terms) and len(set(phrase.terms) - NEGATED) <= NEGATED_SHORT:
+            return 0.0, 0.0  # "not learning" is the opposite of "a learned temperature"
         matched = sum(w for t, w in zip(phrase.terms, weights, strict=True) if t in query)
         coverage = matched / total
         if len(phrase.terms) == 1:
@@ -271,11 +304,12 @@ class Router:
     def _evidence(self, query: str) -> _Evidence:
         ordered = terms(query, self.synonyms)
         qset = set(ordered)
+        negated = bool(NEGATED & qset) or _NEGATION.search(query) is not None
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         for phrase in self.phrases:
-            s, coverage = self._phrase_score(phrase, qset, ordered)
+            s, coverage = self._phrase_score(phrase, qset, ordered, negated)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
                 if (
@@ -291,7 +325,10 @@ class Router:
             hits.sort(reverse=True)
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
-            term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
+            # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
+            term_score = TERM_WEIGHT * sum(
+                self.term_idf[t] for t in qset & self.vocab[skill] if not _NUMBER.match(t)
+            )
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
         return _Evidence(scores, evidence, ordered, symptom, pasted)
@@ -306,8 +343,11 @@ class Router:
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
-            pasted = set().union(*(t for s, t in found.pasted.items() if s != rule.first))
-            terms_here = qset - pasted  # words of another skill's pasted message are that message's
+            # words of another skill's pasted message are that message's, unless the rule names that
+            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is about)
+            own_skills = {rule.first, *rule.then}
+            pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
+            terms_here = qset - pasted
             if not any(set(t) <= terms_here for t in first_terms):
                 continue
             if second_terms and not any(set(t) <= terms_here for t in second_terms):
@@ -339,40 +379,66 @@ class Router:
 
     # -- what counts as evidence ----------------------------------------------------------------
     def _drop_not_evidence(self, query: str) -> tuple[str, int]:
-        """The query without the lines the "Not evidence" table names, and how many were dropped."""
+        """The query without the lines the "Not evidence" table names, and how many were dropped.
+
+        An HTML comment (an issue template's guidance) is dropped too, and so is a whole block of
+        box-drawn lines (starting with '|' or '+', as `nvidia-smi` prints) when one of its lines is."""
         if not self.table.not_evidence:
             return query, 0
-        kept, dropped = [], 0
-        for line in query.splitlines():
-            key = _LINE_LEAD.sub("", line.strip()).lower()
-            if key and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings):
-                dropped += 1
-            else:
-                kept.append(line)
-        return "\n".join(kept), dropped
+        query = _HTML_COMMENT.sub("", query)
+        lines = query.splitlines()
+        drop = []
+        for line in lines:
+            key = " ".join(_LINE_LEAD.sub("", line.strip()).lower().split())  # nvidia-smi pads with spaces
+            drop.append(
+                bool(key) and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings)
+            )
+        start = 0
+        while start < len(lines):  # box-drawn blocks go whole with any line of theirs
+            end = start
+            while end < len(lines) and lines[end].lstrip().startswith(_BOX_LEAD):
+                end += 1
+            if end > start and any(drop[start:end]):
+                drop[start:end] = [True] * (end - start)
+            start = max(end, start + 1)
+        kept = [line for line, gone in zip(lines, drop, strict=True) if not gone]
+        return "\n".join(kept), sum(drop)
 
     def _names_pytorch(self, words: _Positions) -> bool:
         return any(words.near(sign) for sign in self.anchors)
 
+    def _names_shared(self, words: _Positions) -> bool:
+        """Whether the query uses an API name PyTorch shares with other frameworks (nn.Module)."""
+        return any(words.near(sign) for sign in self.shared_anchors)
+
     def _out_of_scope(
-        self, words: _Positions, named: bool
+        self, words: _Positions, named: bool, top: float = 0.0, shared: bool = False
     ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
-        """The out-of-scope topic whose signs the query shows most, its score and the signs seen."""
+        """The out-of-scope topic whose signs most exceed what it needs to decline (its "Declines"
+        share of the best skill score `top`), its score and the signs seen. `named`: a PyTorch sign
+        is there; `shared`: an API name PyTorch shares with other frameworks is, which names PyTorch
+        for an "unless PyTorch is named" topic only when none of its own signs is there."""
         best: tuple[OutOfScopeTopic | None, float, list[str]] = (None, 0.0, [])
+        best_margin = -math.inf
         for topic, signs in self.topics:
             if named and not topic.holds_when_named:
                 continue
+            if shared and topic.declines == "outweighs":
+                continue  # a shared name still names PyTorch for the "when it outweighs" topics
             seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
-            if score > best[1]:
-                best = (topic, round(score, 3), [text for text, _ in seen])
+            margin = score - OUTWEIGHS[topic.declines] * top
+            if score > 0 and (margin, score) > (best_margin, best[1]):
+                best, best_margin = (topic, round(score, 3), [text for text, _ in seen]), margin
         return best
 
     def _asks_for_help(self, query: str, words: _Positions, vague: bool = False) -> bool:
         """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
         ("Setup words" next to numbers), while none of the post's questions names anything
         routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
-        asks = vague or any(words.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
+        # "ok"/"okay" opening a sentence is a discourse marker ("ok this is driving me nuts"), not a judgment
+        said = _Positions(_words(_TECHNICAL_YES_NO.sub(" ", _DISCOURSE.sub(r"\1", query))))
+        asks = vague or any(said.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
         questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
@@ -385,9 +451,14 @@ class Router:
         found = self._evidence(question)
         if max(found.scores.values(), default=0.0) < QUESTION_MIN:
             return False
-        if not self._asks_review(question):
-            return True
+        if not self._asks_review(question) or _TECHNICAL_YES_NO.search(question):
+            return True  # "sanity check: is it ok to call X once per epoch?" asks about X, not for a review
         return max(found.symptom.values(), default=0.0) >= SYMPTOM_MIN
+
+    def _bare_topic(self, query: str, qset: set[str]) -> bool:
+        """Whether the post is only a name of what the user works with ("torch.compile", "FSDP2 bf16"):
+        a few words, every term a topic term (a keyword, setup or topic word), nothing pasted."""
+        return bool(qset) and len(tokens(query)) <= BARE_TOPIC_WORDS and qset <= self.topic_terms
 
     def _asks_review(self, text: str) -> bool:
         """Whether `text` asks for a review ("Review words": "review my", "sanity check")."""
@@ -416,7 +487,7 @@ class Router:
 
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
-        topic, oos, signs = self._out_of_scope(words, named)
+        topic, oos, signs = self._out_of_scope(words, named, top, shared=self._names_shared(words))
         if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
@@ -435,6 +506,7 @@ class Router:
         ask = self._vague_ask(loose)
         if (
             top < MIN_EVIDENCE
+            or (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
             or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
             or (symptom < SYMPTOM_MIN and self._asks_for_help(query, words, ask is not None))
         ):
@@ -520,6 +592,8 @@ def _words(text: str) -> list[str]:
     out = []
     for tok in tokens(text.lower()):
         out.append(tok)
+        if _NUMBER.match(tok):
+            continue  # a version ('12.4') is one word: split, it would push a sign's words apart
         parts = [p for p in re.split(r"[./\-]", tok) if p]
         for part in parts if len(parts) > 1 else []:
             out.append(part)

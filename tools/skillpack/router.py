@@ -34,7 +34,8 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   question that is not PyTorch engineering, when the row holds (`unless PyTorch is named`,
   `when it outweighs` the skills' evidence, or `always` when it outweighs, PyTorch named or not),
   and the reason to give. A `**PyTorch signs:** a, b` line in that section lists the words that
-  name PyTorch.
+  name PyTorch; a `**Shared API names:** a, b` line, names other frameworks use too, which name
+  PyTorch for an `unless PyTorch is named` row only when none of that row's signs is there.
 - `## Not evidence` is a table `| Lines starting with | Are |`: line prefixes (a pasted
   `collect_env` dump, issue-template headings) that route() drops before reading the query.
 
@@ -126,6 +127,9 @@ class RouterTable:
     setup_words: list[str] = field(default_factory=list)  # "Setup words:" of "Ask one question first"
     topic_words: list[str] = field(default_factory=list)  # "Topic words:" of "Ask one question first"
     review_words: list[str] = field(default_factory=list)  # "Review words:" of "Ask one question first"
+    # "Shared API names:" PyTorch names other frameworks use too (Flax's nn.Module): they name
+    # PyTorch for a topic that declines "unless PyTorch is named" only when they are all there is
+    shared_signs: list[str] = field(default_factory=list)
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -308,7 +312,7 @@ def _parse_rules(sections: dict[str, list[Line]]) -> list[PrecedenceRule]:
     return rules
 
 
-def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[str]]:
+def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[str], list[str]]:
     topics: list[OutOfScopeTopic] = []
     for file, lineno, cells in _table_rows(lines):
         declines = [k for k in DECLINES if len(cells) >= 4 and k in cells[2].lower()]
@@ -327,11 +331,14 @@ def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[
             )
         )
     signs: list[str] = []
+    shared: list[str] = []
     for _file, _lineno, line in lines:
         lm = _LABEL.match(line.strip())
         if lm and lm.group(1).strip().lower() == "pytorch signs":
             signs += _split_terms(lm.group(2))
-    return topics, signs
+        elif lm and lm.group(1).strip().lower() == "shared api names":
+            shared += _split_terms(lm.group(2))
+    return topics, signs, shared
 
 
 def parse_router(text: str, references: dict[str, str] | None = None) -> RouterTable:
@@ -362,7 +369,7 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         if len(cells) >= 2:
             for word in _split_terms(cells[0]):
                 synonyms[word.lower()] = _clean(cells[1]).lower()
-    topics, signs = _parse_out_of_scope(_find(sections, "out of scope") or [])
+    topics, signs, shared = _parse_out_of_scope(_find(sections, "out of scope") or [])
     ask_section = _find(sections, "ask one question") or []
     help_words, setup_words, topic_words, review_words = (
         [
@@ -390,6 +397,7 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         setup_words,
         topic_words,
         review_words,
+        shared,
     )
 
 

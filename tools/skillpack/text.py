@@ -141,7 +141,8 @@ def terms(text: str, synonyms: Synonyms | None = None, stop_words: frozenset[str
         for piece in expand(tok):
             if piece in stop_words and piece not in KEEP:
                 continue
-            out.append(stem(piece))
+            # a function word kept for the rules stays whole: stemmed, 'through' would read as 'throughput'
+            out.append(piece if piece in STOP_WORDS and piece not in KEEP else stem(piece))
     return out
 
 
