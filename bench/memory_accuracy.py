@@ -36,9 +36,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
 import torch  # noqa: E402
 
+import server  # noqa: E402,F401  (registers torch_skills from this clone)
 from tests.fixtures import memory_models as zoo  # noqa: E402
 from torch_skills.memory.estimate import Target, estimate_trace  # noqa: E402
 from torch_skills.memory.groundtruth import measure_real_step  # noqa: E402

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
+import server  # noqa: E402,F401  (registers torch_skills from this clone)
 from torch_skills.server import build_server  # noqa: E402
 
 MODELS_FILE = REPO / "evals" / "models" / "profile_model_scenarios.py"

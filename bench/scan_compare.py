@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-
+import server  # noqa: E402,F401  (registers torch_skills from this clone)
 from bench.public_corpus import build_public_corpus  # noqa: E402
 from tests.fixtures.checkpoint_corpus import build_corpus  # noqa: E402
 

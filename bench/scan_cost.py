@@ -40,6 +40,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+import server  # noqa: E402,F401  (registers torch_skills from this clone)
 
 GOAL_SECONDS = 2.0
 GOAL_MIB = 256

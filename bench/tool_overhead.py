@@ -92,6 +92,7 @@ def plain_forked(repeats: int) -> list[float]:
     sys.path.insert(0, str(REPO_ROOT / "bench"))
     from tiny_mlp import build, make_inputs
 
+    import server  # noqa: F401  (registers torch_skills from this clone)
     from torch_skills.gradients.worker import warm_up
 
     warm_up()  # the zygote's state: torch and the tool loaded, tiny ops run once
