@@ -128,7 +128,11 @@ def _substitute(value: str, script: Path, project: Path) -> str:
     return value
 
 
-@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda s: f"{s.kind}:{' '.join(s.args) or 'no-args'}")
+# The first snippet launches in the quick set; every other one in the slow step (each starts a server).
+LAUNCHES = [pytest.param(s, marks=() if i == 0 else pytest.mark.slow) for i, s in enumerate(SNIPPETS)]
+
+
+@pytest.mark.parametrize("snippet", LAUNCHES, ids=lambda s: f"{s.kind}:{' '.join(s.args) or 'no-args'}")
 async def test_each_snippet_starts_a_server_that_lists_the_tools(snippet, console_script, tmp_path):
     """The snippet's command and arguments, with real paths, serve over stdio and list all seven tools."""
     project = tmp_path / "project"

@@ -92,6 +92,7 @@ def _path_with_tools() -> str:
     return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
+@pytest.mark.slow  # resolves the dependencies from the package index: network, and tens of seconds
 def test_uvx_from_a_local_path_passes_check(source, project, uv_env):
     """`uvx --from <path> torch-skills --check` builds the path, installs the console script and validates the skills."""
     run = subprocess.run(
@@ -102,6 +103,7 @@ def test_uvx_from_a_local_path_passes_check(source, project, uv_env):
     assert "OK" in run.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow  # the same resolution through uvx
 async def test_the_plugin_server_command_serves_over_stdio(source, project, uv_env):
     """plugin.json's exact MCP command, with ${CLAUDE_PLUGIN_ROOT} set to a checkout, answers tools/list."""
     server = json.loads((REPO / ".claude-plugin" / "plugin.json").read_text())["mcpServers"]["torch-skills"]

@@ -144,6 +144,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # the stdio tour covers every tool in the quick set; HTTP runs in the slow step
 def test_the_typescript_sdk_client_uses_every_tool_over_streamable_http(node_client: Path, checkpoint: Path):
     """The same tour over streamable HTTP on 127.0.0.1."""
     port = _free_port()
