@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.raw_jsonrpc import INITIALIZE
 from torch_skills.http_app import HttpConfigError, HttpSettings
 
 # Each module starts real server processes (stdio or HTTP): tens of seconds, so the slow CI step.
@@ -21,16 +22,6 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "t0ken-for-the-tests-only-0123456789"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 SERVE = """
 import sys
 sys.path.insert(0, {repo!r}); import server
@@ -84,7 +75,7 @@ def _headers(**extra: str) -> dict[str, str]:
 
 
 def _session(http, url: str) -> dict[str, str]:
-    init = http.post(url, headers=_headers(), json=INIT)
+    init = http.post(url, headers=_headers(), json=INITIALIZE)
     assert init.status_code == 200, init.content
     headers = _headers(
         **{"mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
@@ -127,8 +118,8 @@ def test_requests_without_the_token_get_401_and_with_it_are_served(server: str):
     with httpx.Client(timeout=30) as http:
         for auth in ({}, {"authorization": "Bearer wrong"}):
             headers = {k: v for k, v in _headers().items() if k != "authorization"} | auth
-            assert http.post(url, headers=headers, json=INIT).status_code == 401
-        assert http.post(url, headers=_headers(), json=INIT).status_code == 200
+            assert http.post(url, headers=headers, json=INITIALIZE).status_code == 401
+        assert http.post(url, headers=_headers(), json=INITIALIZE).status_code == 200
 
 
 def test_foreign_host_and_origin_headers_are_refused(server: str):
@@ -137,8 +128,10 @@ def test_foreign_host_and_origin_headers_are_refused(server: str):
 
     url = f"http://{server}/mcp"
     with httpx.Client(timeout=30) as http:
-        assert http.post(url, headers=_headers(host="evil.example:80"), json=INIT).status_code == 421
-        assert http.post(url, headers=_headers(origin="http://evil.example"), json=INIT).status_code == 403
+        assert http.post(url, headers=_headers(host="evil.example:80"), json=INITIALIZE).status_code == 421
+        assert (
+            http.post(url, headers=_headers(origin="http://evil.example"), json=INITIALIZE).status_code == 403
+        )
 
 
 def test_slow_headers_and_slow_bodies_are_cut_off(server: str):
@@ -200,8 +193,8 @@ def test_sessions_are_capped_and_idle_ones_expire(server: str):
     time.sleep(3.5)  # let the sessions of earlier tests expire
     with httpx.Client(timeout=30) as http:
         sessions = [_session(http, url) for _ in range(3)]
-        assert http.post(url, headers=_headers(), json=INIT).status_code == 503
+        assert http.post(url, headers=_headers(), json=INITIALIZE).status_code == 503
         time.sleep(4.5)
         ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         assert http.post(url, headers=sessions[0], json=ping).status_code == 404
-        assert http.post(url, headers=_headers(), json=INIT).status_code == 200
+        assert http.post(url, headers=_headers(), json=INITIALIZE).status_code == 200

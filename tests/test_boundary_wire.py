@@ -20,21 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.raw_jsonrpc import INITIALIZE
+
 # Each module starts real server processes (stdio or HTTP): tens of seconds, so the slow CI step.
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 BAD = b"caf\xe9-\xff"  # Latin-1 bytes: not UTF-8
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +98,7 @@ def test_stdio_answers_stay_utf8_with_non_utf8_names_messages_and_output(stdio_s
         stdio_server.stdin.write(json.dumps(message).encode() + b"\n")  # ensure_ascii: "\udc80" escapes
         stdio_server.stdin.flush()
 
-    send(INIT)
+    send(INITIALIZE)
     assert json.loads(stdio_server.stdout.readline())["id"] == 0
     send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     raw: dict[int, bytes] = {}
@@ -157,7 +149,7 @@ def test_http_answers_stay_utf8_with_non_utf8_names_messages_and_output(project:
         url = f"http://127.0.0.1:{port}/mcp"
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
         with httpx.Client(timeout=120) as http:
-            init = http.post(url, headers=headers, json=INIT)
+            init = http.post(url, headers=headers, json=INITIALIZE)
             headers |= {
                 "mcp-session-id": init.headers["mcp-session-id"],
                 "mcp-protocol-version": "2025-06-18",
