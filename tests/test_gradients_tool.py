@@ -143,3 +143,19 @@ async def test_nan_localization_works_the_same_on_cuda(client: Client):
     assert forward.structured_content["run"]["device"].startswith("cuda")
     assert forward.structured_content["nonfinite"]["op"] == "log"
     assert backward.structured_content["nonfinite"]["autograd_node"] == "SqrtBackward0"
+
+
+async def test_the_seed_fixes_the_models_initial_weights_across_calls(client: Client):
+    """Weights drawn at build time follow `seed`: the same seed gives the same loss on every call,
+    another seed another loss (the worker's own random state never leaks into the model)."""
+
+    async def loss(seed: int) -> float:
+        r = await client.call_tool(
+            "check_gradients", {"model": f"{ZOO}:healthy_mlp", "input_shape": [8, 16], "seed": seed}
+        )
+        assert not r.is_error, r.content
+        return r.structured_content["loss"]["value"]
+
+    first, again, other = await loss(3), await loss(3), await loss(4)
+    assert first == again
+    assert first != other

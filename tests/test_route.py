@@ -447,3 +447,49 @@ def test_a_technical_yes_no_question_inside_a_sanity_check_is_routed(router: Rou
     )
     assert result.skills[0] == "mixed-precision-and-optimization"
     assert router.route("Could you sanity check my FSDP setup?").status == "clarify"
+
+
+# -- pasted code is context, not a symptom ------------------------------------------------------------
+def test_code_lines_and_code_blocks_are_dropped_but_errors_and_logs_stay():
+    from torch_skills.skillpack.route import _without_code
+
+    post = (
+        "my loss is nan after a few steps\n"
+        "```python\n"
+        "def forward(self, x):\n"
+        "    return self.fc(x)\n"
+        "```\n"
+        "    loss = criterion(out, y)\n"
+        "```\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: Function 'LogBackward0' returned nan values in its 0th output.\n"
+        "```\n"
+        "any idea?"
+    )
+    assert _without_code(post).splitlines() == [
+        "my loss is nan after a few steps",
+        "Traceback (most recent call last):",
+        "RuntimeError: Function 'LogBackward0' returned nan values in its 0th output.",
+        "any idea?",
+    ]
+    assert _without_code("plain words, no code") == "plain words, no code"
+
+
+def test_a_request_to_look_over_pasted_code_without_a_symptom_gets_the_question(router: Router):
+    """The code names what the user works with (DDP, samplers), not what goes wrong."""
+    result = router.route(
+        "Can someone check my DDP training loop?\n```python\n"
+        "dist.init_process_group('nccl')\nmodel = DDP(model.cuda(rank), device_ids=[rank])\n"
+        "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, sampler=sampler)\n"
+        "for x, y in loader:\n    loss = model(x).loss\n    loss.backward()\n```"
+    )
+    assert result.status == "clarify"
+
+
+def test_the_same_code_with_a_symptom_in_words_is_routed(router: Router):
+    result = router.route(
+        "My DDP job hangs forever at the first backward on rank 1, rank 0 is fine.\n```python\n"
+        "dist.init_process_group('nccl')\nmodel = DDP(model.cuda(rank), device_ids=[rank])\n"
+        "for x, y in loader:\n    loss = model(x).loss\n    loss.backward()\n```"
+    )
+    assert result.status == "routed" and result.skills[0] == "distributed-training-strategies"

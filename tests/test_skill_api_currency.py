@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 
 from torch_skills.skillpack.codeblocks import python_blocks
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME
+from torch_skills.skillpack.router import EXAMPLES_REFERENCE
 
-MARKDOWN = sorted(DEFAULT_SKILLS_DIR.rglob("*.md"))
+# the router's labelled examples quote users, deprecated calls included: they teach nothing
+MARKDOWN = [
+    p
+    for p in sorted(DEFAULT_SKILLS_DIR.rglob("*.md"))
+    if p != DEFAULT_SKILLS_DIR / ROUTER_NAME / EXAMPLES_REFERENCE
+]
 BLOCKS = python_blocks([DEFAULT_SKILLS_DIR])
 
 # In code: never acceptable, whatever the prose around it says.

@@ -15,9 +15,16 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from torch_skills.skillpack.codeblocks import python_blocks
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME
+from torch_skills.skillpack.router import EXAMPLES_REFERENCE
 
 SKILLS = Path(DEFAULT_SKILLS_DIR)
+USERS_WORDS = SKILLS / ROUTER_NAME / EXAMPLES_REFERENCE  # questions as users asked them, not claims
+
+
+def _pack_text_files() -> list[Path]:
+    """Every Markdown file whose text is the pack's own (all but the router's labelled examples)."""
+    return [p for p in sorted(SKILLS.rglob("*.md")) if p != USERS_WORDS]
 
 
 # -- checkpointing: RNG states and map_location -------------------------------------------------
@@ -206,7 +213,7 @@ def test_nan_to_num_hides_a_nan_instead_of_detecting_it():
 
 def test_no_skill_offers_nan_to_num_as_a_check():
     """nan_to_num appears only as the thing not to do."""
-    for path in SKILLS.rglob("*.md"):
+    for path in _pack_text_files():
         for line in path.read_text().splitlines():
             if "nan_to_num" in line:
                 assert re.search(r"hide|not a test|Not `torch.nan_to_num`", line, re.I), f"{path}: {line}"
@@ -238,7 +245,7 @@ def test_every_torch_name_the_skills_mention_exists_in_the_installed_torch():
     """Each dotted torch.* name in the skills' text and code resolves (no renamed or removed APIs)."""
     names = {
         m.group(0)
-        for path in SKILLS.rglob("*.md")
+        for path in _pack_text_files()
         for m in re.finditer(r"\btorch(?:\.[A-Za-z_]\w*)+", path.read_text())
     }
     missing = sorted(n for n in names if not _CUDA_BUILD_ONLY.match(n) and not _resolves(n))
@@ -251,7 +258,7 @@ def test_cross_skill_references_name_files_that_exist():
         r"`([a-z-]+)` skill's\s+`?(references/[\w-]+\.md)|\b([a-z-]+)/(references/[\w-]+\.md)"
     )
     broken = []
-    for path in SKILLS.rglob("*.md"):
+    for path in _pack_text_files():
         for m in pattern.finditer(path.read_text()):
             skill, ref = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
             if not (SKILLS / skill / ref).is_file():
@@ -281,7 +288,7 @@ WHAT_IF_OPTIONS = {
 def test_a_specialist_skill_shows_the_tool_call_with_each_what_if_option(tool: str, option: str):
     """Each tool option that answers a decision appears in a call written out in a specialist skill."""
     call = re.compile(rf"{tool}\([^)]*\b{option}=", re.S)
-    files = [p for p in SKILLS.rglob("*.md") if "using-pytorch-engineering" not in p.parts]
+    files = [p for p in _pack_text_files() if "using-pytorch-engineering" not in p.parts]
     assert any(call.search(p.read_text()) for p in files), f"no `{tool}(..., {option}=...)` in the skills"
 
 
@@ -290,7 +297,7 @@ def test_the_compile_modes_table_has_one_home():
     """Only torch-compile.md tabulates the compile modes; other skills link to it."""
     homes = [
         p.relative_to(SKILLS).as_posix()
-        for p in SKILLS.rglob("*.md")
+        for p in _pack_text_files()
         if re.search(r"^\|\s*`\"?max-autotune\"?`\s*\|", p.read_text(), re.M)
     ]
     assert homes == ["mixed-precision-and-optimization/references/torch-compile.md"], homes

@@ -133,4 +133,23 @@ def test_a_specialist_without_a_route_section_is_reported(pack_copy: Path):
     start = text.index("### custom-autograd-functions")
     end = text.index("## Words users use")
     terms.write_text(text[:start] + text[end:])
+    examples = pack_copy / "using-pytorch-engineering" / "references" / "routing-examples.md"
+    text = examples.read_text()
+    start = text.index("### custom-autograd-functions")
+    end = text.index("\n### clarify\n")  # the next section (examples hold '###' lines of their own)
+    examples.write_text(text[:start] + text[end + 1 :])
     assert any("never sends anyone to 'custom-autograd-functions'" in m for m in _messages(pack_copy))
+
+
+def test_examples_for_a_skill_the_router_does_not_list_are_reported(pack_copy: Path):
+    """Labelled examples under a skill with no 'Start here' row are a format error with the line."""
+    router = pack_copy / "using-pytorch-engineering" / "SKILL.md"
+    lines = router.read_text().splitlines(keepends=True)
+    router.write_text("".join(x for x in lines if "| `custom-autograd-functions` |" not in x))
+    terms = pack_copy / "using-pytorch-engineering" / "references" / "routing-terms.md"
+    text = terms.read_text()
+    terms.write_text(
+        text[: text.index("### custom-autograd-functions")] + text[text.index("## Words users use") :]
+    )
+    found = _messages(pack_copy)
+    assert any("routing-examples.md line" in m and "'custom-autograd-functions'" in m for m in found), found

@@ -88,7 +88,7 @@ class GradientRequest(ModelInputs):
     )
     train_mode: bool = Field(default=True, description="call model.train() (True) or model.eval() (False)")
     seed: int = Field(
-        default=0, description="torch.manual_seed before every pass, so passes see the same dropout"
+        default=0, description="torch.manual_seed before the build and every pass: same weights, same dropout"
     )
     thresholds: GradientThresholds = Field(default_factory=GradientThresholds)
 

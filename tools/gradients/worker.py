@@ -98,6 +98,7 @@ def check_model(request: GradientRequest, job: JobContext) -> GradientResult:
     timings = StepTimings()
     device = resolve_device(job.device)
     job.progress(0, STEPS, "building the model")
+    torch.manual_seed(request.seed)  # the same weights on every call, whatever ran in the worker before
     with _timed(timings, "build_s"):
         model = build_model(request, job.cwd, job.allowed_roots, device)
     with _timed(timings, "inputs_s"):

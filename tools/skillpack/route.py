@@ -4,8 +4,8 @@ Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult
 ("routed", "clarify" or "out_of_scope"), `skills` (reading order), `clarify` (one question when
 the post names no symptom), `reason` (why it is out of scope), `evidence` (the router phrases each
 skill matched), `tools` and `confidence`. Everything it knows comes from the router skill,
-skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.md; see `router.py` for
-the structure), so editing those files changes routing; nothing about PyTorch is hard-coded here.
+skills/using-pytorch-engineering/ (SKILL.md, references/routing-terms.md and
+references/routing-examples.md; see `router.py` for the structure), so editing those files changes routing; nothing about PyTorch is hard-coded here.
 
 How it decides, deterministically:
 1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
@@ -30,13 +30,19 @@ How it decides, deterministically:
    several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
    names something routable only with a symptom. A post of a few words that are all topic terms
    ("torch.compile", "DDP") names no problem either.
-5. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
-   rule needs its first skill to have evidence of its own, and words inside file paths do not
-   trigger rules, nor do the words of another skill's pasted message (unless the rule reads that
-   skill next: a pasted OOM in an FSDP job fires the OOM-with-FSDP rule).
+5. The labelled examples (references/routing-examples.md, `examples.ExampleModel`) vote: each
+   skill's rank is its phrase score as a share of the top one plus the examples' probability
+   of it (EXAMPLE_WEIGHT), so a symptom in words no phrase has still routes like the questions
+   that share its words. The examples also overrule a clarifying question they all but rule out
+   (a post full of setup numbers that does describe a symptom); they never overrule a decline.
+6. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
+   rule needs its first skill to have evidence of its own and not to be all but ruled out by the
+   examples, and words inside file paths do not trigger rules, nor do the words of another
+   skill's pasted message (unless the rule reads that skill next: a pasted OOM in an FSDP job
+   fires the OOM-with-FSDP rule).
 
-Known limitations: bag-of-terms matching: a symptom described in words the router never uses
-(and no synonym maps) is not recognized; non-English text gets the clarifying question; a
+Known limitations: bag-of-words matching and statistics: a symptom described in words neither the
+phrases nor the examples use (and no synonym maps) is not recognized; non-English text gets the clarifying question; a
 question about another framework that never names it (nor any sign the table lists) is routed
 as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
 keyword whose parts are common words makes those words topic terms, so keywords avoid compounds
@@ -54,8 +60,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from torch_skills.skillpack.examples import ExampleModel, with_pairs
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
 from torch_skills.skillpack.router import (
+    EXAMPLE_VERDICTS,
     OutOfScopeTopic,
     PrecedenceRule,
     RouterFormatError,
@@ -64,6 +72,28 @@ from torch_skills.skillpack.router import (
 )
 from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
 
+# The labelled examples' probability of a skill is added to its phrase score divided by the top
+# one: at 1.0 a confident example vote outweighs a runner-up phrase match, not a clear winner.
+EXAMPLE_WEIGHT = 1.0
+# A rule reorders only when the examples give its first skill at least this probability: a
+# one-condition rule ("training is slow" -> profiling) needs a plausible share, its trigger words
+# alone being weak evidence; a two-condition rule ("oom" with "fsdp") only needs its skill not to
+# be all but ruled out (a "slow" NCCL question about which network interface to use).
+RULE_MIN_VOTE = {False: 0.02, True: 1e-9}
+# The tables' "ask one question first" or "out of scope" answer stands unless the examples give it
+# less than this probability and the phrases found something (a question worded like routable ones).
+# Naive Bayes posteriors are extreme, so "all but ruled out" is a very small number. Declines are
+# never overruled: the examples could not tell a Keras question from a PyTorch one worded alike.
+OVERRULE_BELOW = {"clarify": 1e-10, "out-of-scope": 1e-10}
+# ... and the examples alone ask first or decline when they hold the post for a clarify or an
+# out-of-scope one with this probability: a clarifying question only when the post names no
+# symptom outside its pasted code, a decline only when it pastes no PyTorch message.
+EXAMPLES_DECIDE = {"clarify": 0.99, "out-of-scope": 0.99}
+GENERIC_TOPIC = "Not PyTorch engineering"
+GENERIC_SAY = (
+    "The question reads like the questions the router declines (other tools, theory, learning, "
+    "hardware, general programming); this pack covers making PyTorch code work and run fast."
+)
 MAX_QUERY_CHARS = 20_000  # longer input (a whole log) keeps its head and its tail, where errors are
 KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}
 MIN_COVERAGE = 0.5
@@ -150,6 +180,10 @@ class RouteResult(BaseModel):
     )
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
+    )
+    votes: dict[str, float] = Field(
+        default_factory=dict,
+        description="probability the labelled examples give each skill, 'clarify' and 'out-of-scope'",
     )
     summary: str
 
@@ -239,6 +273,33 @@ class Router:
         self.topics = [
             (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
         ]
+        # word statistics of the "Labelled examples", the route phrases counting as short examples
+        self.example_model = (
+            ExampleModel.fit(
+                table.examples,
+                ((p.skill, list(p.terms)) for p in self.phrases),
+                self._example_features,
+                [*table.routes, *(v for v in EXAMPLE_VERDICTS if any(e.skill == v for e in table.examples))],
+            )
+            if table.examples
+            else None
+        )
+
+    def _example_features(self, text: str) -> set[str]:
+        """What the example model reads of a text: its terms and adjacent pairs, evidence lines only."""
+        return with_pairs(terms(self._drop_not_evidence(text)[0], self.synonyms))
+
+    def example_probabilities(self, query: str) -> dict[str, float]:
+        """P(label | the query's words) from the labelled examples, for each skill and for
+        "clarify" and "out-of-scope" when the examples have them ({} without examples)."""
+        if self.example_model is None:
+            return {}
+        return self.example_model.probabilities(self._example_features(_truncate(query or "")))
+
+    def _overruled(self, verdict: str, votes: dict[str, float], top: float) -> bool:
+        """Whether the examples overrule the tables' `verdict` ("clarify" or "out-of-scope"): they
+        hold examples of it, give it less than OVERRULE_BELOW[verdict], and the phrases found evidence."""
+        return verdict in votes and votes[verdict] < OVERRULE_BELOW[verdict] and top >= MIN_EVIDENCE
 
     @classmethod
     def from_pack(cls, pack: SkillPack) -> Router:
@@ -377,6 +438,14 @@ class Router:
                     best_q, best = case.question, score
         return best_q, best
 
+    def _combined(self, scores: dict[str, float], top: float, votes: dict[str, float]) -> dict[str, float]:
+        """Each skill's phrase score as a share of the top one, plus EXAMPLE_WEIGHT times the
+        labelled examples' probability of it (`votes`; the phrase shares alone without examples)."""
+        shares = {s: v / top if top > 0 else 0.0 for s, v in scores.items()}
+        if not votes:
+            return shares
+        return {s: round(shares[s] + EXAMPLE_WEIGHT * votes.get(s, 0.0), 4) for s in shares}
+
     # -- what counts as evidence ----------------------------------------------------------------
     def _drop_not_evidence(self, query: str) -> tuple[str, int]:
         """The query without the lines the "Not evidence" table names, and how many were dropped.
@@ -441,8 +510,12 @@ class Router:
         asks = vague or any(said.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
-        questions = [s for s in _SENTENCE.split(query) if _is_question(s)][:MAX_QUESTIONS]
-        return not any(self._names_routable(q) for q in questions)
+        return not self._asks_routable_question(query)
+
+    def _asks_routable_question(self, text: str) -> bool:
+        """Whether one of the question sentences of `text` names something routable on its own."""
+        questions = [s for s in _SENTENCE.split(text) if _is_question(s)][:MAX_QUESTIONS]
+        return any(self._names_routable(q) for q in questions)
 
     def _names_routable(self, question: str) -> bool:
         """Whether one question sentence names something routable on its own. A question that asks
@@ -488,7 +561,12 @@ class Router:
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
         topic, oos, signs = self._out_of_scope(words, named, top, shared=self._names_shared(words))
-        if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
+        all_votes = self.example_model.probabilities(with_pairs(ordered)) if self.example_model else {}
+        if (
+            topic is not None
+            and oos >= OUTWEIGHS[topic.declines] * top
+            and not (topic.declines == "outweighs" and self._overruled("out-of-scope", all_votes, top))
+        ):
             return RouteResult(
                 status="out_of_scope",
                 skills=[],
@@ -498,17 +576,55 @@ class Router:
                 evidence=matched,
                 confidence=_decline_confidence(oos, OUTWEIGHS[topic.declines] * top),
                 scores=scores,
+                votes=_rounded(all_votes),
                 ignored_lines=ignored,
                 summary=f"Out of scope ({topic.topic}): {topic.say}",
             )
 
+        if all_votes.get("out-of-scope", 0.0) >= EXAMPLES_DECIDE["out-of-scope"] and not found.pasted:
+            # the table's signs did not decline it; name the topic whose signs it shows, if any
+            near, near_score, near_signs = self._out_of_scope(words, False, 0.0)
+            return RouteResult(
+                status="out_of_scope",
+                skills=[],
+                out_of_scope=near.topic if near is not None else GENERIC_TOPIC,
+                reason=near.say if near is not None else GENERIC_SAY,
+                out_of_scope_signs=near_signs,
+                evidence=matched,
+                confidence=round(0.5 * all_votes["out-of-scope"], 2),
+                scores=scores,
+                votes=_rounded(all_votes),
+                ignored_lines=ignored,
+                summary=f"Out of scope ({near.topic if near is not None else GENERIC_TOPIC}): "
+                + (near.say if near is not None else GENERIC_SAY),
+            )
+
         question, vagueness = self._vague_question(qset, ordered)
         ask = self._vague_ask(loose)
+        # pasted code says what the user works with, not what goes wrong: a symptom, a request
+        # for help and the examples' say on asking first are read in the rest of the post
+        prose = _without_code(query)
+        if prose != query:
+            symptom = max(self._evidence(prose).symptom.values(), default=0.0)
+            prose_votes = self.example_probabilities(prose)
+        else:
+            prose_votes = all_votes
         if (
             top < MIN_EVIDENCE
             or (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
-            or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-            or (symptom < SYMPTOM_MIN and self._asks_for_help(query, words, ask is not None))
+            or (
+                (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
+                or (
+                    symptom < SYMPTOM_MIN
+                    and self._asks_for_help(prose, _Positions(_words(prose)), ask is not None)
+                )
+            )
+            and not self._overruled("clarify", prose_votes, top)
+            or (
+                symptom < SYMPTOM_MIN
+                and prose_votes.get("clarify", 0.0) >= EXAMPLES_DECIDE["clarify"]
+                and not self._asks_routable_question(prose)
+            )
         ):
             return RouteResult(
                 status="clarify",
@@ -517,21 +633,40 @@ class Router:
                 evidence=matched,
                 confidence=0.0,
                 scores=scores,
+                votes=_rounded(all_votes),
                 ignored_lines=ignored,
                 summary="The post names no specific symptom; ask the question, then route on the answer.",
             )
         rule_terms = set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS))
         rule = self._fired_rule(rule_terms, found)
+        # each skill's probability as is, not renormalized over the skills: when the examples hold
+        # the post for a clarify or out-of-scope one, the skills' crumbs must not decide the order
+        votes = {s: all_votes[s] for s in self.table.routes if s in all_votes}
+        mass = sum(votes.values())
+        relative = {s: v / mass for s, v in votes.items()} if mass > 0 else {}  # among the skills only
+        # a pasted message of a skill the rule reads next (an OOM in an FSDP job) outvotes the
+        # job's words in the examples, yet the rule is about exactly that message: it holds
+        if (
+            rule is not None
+            and relative
+            and relative.get(rule.first, 0.0) < RULE_MIN_VOTE[bool(rule.together_with)]
+            and not any(s in found.pasted for s in rule.then)
+        ):
+            rule = None
+        combined = self._combined(scores, top, votes)
+        ranked = sorted(combined, key=lambda s: (-combined[s], s))
         order: list[str] = []
         if rule is not None:
             order = [rule.first, *[s for s in rule.then if s != rule.first]]
         for skill in ranked:
-            if skill not in order and scores[skill] >= FOLLOW_RATIO * top and len(order) < 3:
+            # the first by the blend; the others, in its order, when their phrases alone would list them
+            listed = not order or scores[skill] >= FOLLOW_RATIO * top
+            if skill not in order and listed and len(order) < 3:
                 order.append(skill)
         order = [s for s in order if s in self.table.routes]
         first = order[0]
-        second = max((scores[s] for s in ranked if s != first), default=0.0)
-        margin = max(0.0, (scores[first] - second) / max(scores[first], 1e-9))
+        second = max((combined[s] for s in ranked if s != first), default=0.0)
+        margin = max(0.0, (combined[first] - second) / max(combined[first], 1e-9))
         strength = 1 - math.exp(-scores[first] / 4)
         confidence = round(strength * (0.5 + 0.5 * margin), 2)
         tools = self.table.routes[first].tools
@@ -547,9 +682,51 @@ class Router:
             rule=f"{rule.source} table, line {rule.line}" if rule else None,
             confidence=confidence,
             scores=scores,
+            votes=_rounded(all_votes),
             ignored_lines=ignored,
             summary=summary,
         )
+
+
+_FENCE_LINE = re.compile(r"^\s*(```|~~~)")
+_LOG_LINE = re.compile(
+    r"Error\b|Exception\b|Traceback|Warning\b|warn\(|^\s*File \"|NCCL|out of memory|^\s*\[rank\d*\]|^\s*(?:INFO|WARNING|ERROR)\b"
+)
+_CODE_LINE = re.compile(
+    r"^\s*(?:>>>|\.\.\.\s|def |class |import |from \S+ import |for .+ in .+:|while .+:|if .+:|elif .+:|else:|"
+    r"return\b|with .+:|try:|except\b|@\w|[\w.\[\]'\"]+(?:\s*,\s*[\w.\[\]'\"]+)*\s*[-+*/]?=[^=]|"
+    r"[\w.]+\(.*\)\s*$|[)\]}]+,?\s*$|#)"
+)
+
+
+def _without_code(text: str) -> str:
+    """The post without its pasted code: fenced blocks that hold no error or log line, and
+    unfenced lines that read as Python statements. Error messages and logs stay: they are
+    evidence. Returns `text` itself when nothing was code."""
+    lines = text.splitlines()
+    kept: list[str] = []
+    block: list[str] | None = None
+    for line in lines:
+        if _FENCE_LINE.match(line):
+            if block is None:
+                block = []
+            else:
+                if any(_LOG_LINE.search(b) for b in block):
+                    kept.extend(block)
+                block = None
+            continue
+        if block is not None:
+            block.append(line)
+        elif not _CODE_LINE.match(line) or _LOG_LINE.search(line):
+            kept.append(line)
+    if block is not None:  # an unclosed fence: read what follows as text
+        kept.extend(block)
+    return text if len(kept) == len(lines) else "\n".join(kept)
+
+
+def _rounded(votes: dict[str, float]) -> dict[str, float]:
+    """Example votes for the result: 4 decimals (1e-20 and 0 read the same to a client)."""
+    return {k: round(v, 4) for k, v in sorted(votes.items(), key=lambda kv: -kv[1])}
 
 
 def _decline_confidence(signs: float, needed: float) -> float:

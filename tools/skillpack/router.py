@@ -38,6 +38,13 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   PyTorch for an `unless PyTorch is named` row only when none of that row's signs is there.
 - `## Not evidence` is a table `| Lines starting with | Are |`: line prefixes (a pasted
   `collect_env` dump, issue-template headings) that route() drops before reading the query.
+- `## Labelled examples` (kept in references/routing-examples.md) holds one `### <skill-name>`
+  section per specialist; each fenced block in it is one user question, word for word, that an
+  expert would start with that skill (`### clarify`: a post to ask one question about;
+  `### out-of-scope`: a question to decline). The fence's info string may say where the question came
+  from (```` ```text from=heldout2 ````): route() ignores it, the evals use it to score each set
+  with a router that never saw its questions. route() learns word statistics from these blocks
+  (`examples.ExampleModel`), so a question worded like the examples routes like them.
 
 Anything else in the file is prose for the agent and is ignored here. `RouterFormatError` names
 the line that breaks the contract.
@@ -46,7 +53,7 @@ the line that breaks the contract.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from torch_skills.skillpack.loader import split_frontmatter
@@ -114,6 +121,16 @@ class OutOfScopeTopic:
         return self.declines == "always"
 
 
+@dataclass(frozen=True)
+class LabelledExample:
+    """One question of `## Labelled examples`: the skill to start with, its text, where it came from."""
+
+    skill: str
+    text: str
+    source: str  # the fence's `from=` value ("" when it names none)
+    line: int
+
+
 @dataclass
 class RouterTable:
     routes: dict[str, RouteSection]
@@ -130,6 +147,11 @@ class RouterTable:
     # "Shared API names:" PyTorch names other frameworks use too (Flax's nn.Module): they name
     # PyTorch for a topic that declines "unless PyTorch is named" only when they are all there is
     shared_signs: list[str] = field(default_factory=list)
+    examples: list[LabelledExample] = field(default_factory=list)  # "Labelled examples"
+
+    def without_sources(self, sources: set[str]) -> RouterTable:
+        """The same table without the examples from `sources` (to score a set on a router that never saw it)."""
+        return replace(self, examples=[e for e in self.examples if e.source not in sources])
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -312,6 +334,55 @@ def _parse_rules(sections: dict[str, list[Line]]) -> list[PrecedenceRule]:
     return rules
 
 
+# The router's labelled examples: users' questions word for word (wrong API names, deprecated calls
+# and all), so checks of what the pack claims read every other file but this one.
+EXAMPLES_REFERENCE = "references/routing-examples.md"
+# Example sections that are not skills: posts to ask one question about, and questions to decline.
+EXAMPLE_VERDICTS = ("clarify", "out-of-scope")
+_FENCE = re.compile(r"^\s*```+\s*([A-Za-z0-9_-]*)(.*)$")
+_FROM = re.compile(r"\bfrom=(\S+)")
+
+
+def _parse_examples(lines: list[Line], routes: dict[str, RouteSection]) -> list[LabelledExample]:
+    """The fenced blocks of `## Labelled examples`, each under the `### <skill>` heading before it."""
+    examples: list[LabelledExample] = []
+    skill: str | None = None
+    block: list[str] | None = None
+    source, start = "", 0
+    for file, lineno, line in lines:
+        fence = _FENCE.match(line)
+        if block is not None:
+            if fence:  # any fence line closes the block, as `_sections` reads fences
+                text = "\n".join(block).strip()
+                if not text:
+                    raise RouterFormatError(f"{_where(file, start)}: an empty example block")
+                assert skill is not None
+                examples.append(LabelledExample(skill, text, source, start))
+                block = None
+            else:
+                block.append(line)
+            continue
+        m = _HEADING.match(line)
+        if m and len(m.group(1)) == 3:
+            skill = _clean(m.group(2))
+            if skill not in routes and skill not in EXAMPLE_VERDICTS:
+                raise RouterFormatError(
+                    f"{_where(file, lineno)}: examples for {skill!r}, which is neither a skill of the "
+                    f"'Start here' table nor one of {', '.join(EXAMPLE_VERDICTS)}"
+                )
+            continue
+        if fence:
+            if skill is None:
+                raise RouterFormatError(
+                    f"{_where(file, lineno)}: an example block before any '### <skill-name>' heading"
+                )
+            found = _FROM.search(fence.group(2))
+            block, source, start = [], found.group(1) if found else "", lineno
+    if block is not None:
+        raise RouterFormatError(f"{_where(lines[-1][0], start)}: an example block that is never closed")
+    return examples
+
+
 def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[str], list[str]]:
     topics: list[OutOfScopeTopic] = []
     for file, lineno, cells in _table_rows(lines):
@@ -398,6 +469,7 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         topic_words,
         review_words,
         shared,
+        _parse_examples(_find(sections, "labelled examples") or [], routes),
     )
 
 
