@@ -123,16 +123,21 @@ def test_a_router_that_names_a_missing_skill_is_reported(pack_copy: Path):
     assert any("names 'custom-autograd-functions', which is not a skill folder" in m for m in found)
 
 
-def test_a_specialist_without_a_route_section_is_reported(pack_copy: Path):
-    """A skill nobody can be routed to is a routing hole."""
+def _drop_custom_autograd_route(pack_copy: Path) -> None:
+    """Take custom-autograd-functions out of the router's 'Start here' table and its route section."""
     router = pack_copy / "using-pytorch-engineering" / "SKILL.md"
     lines = router.read_text().splitlines(keepends=True)
     router.write_text("".join(x for x in lines if "| `custom-autograd-functions` |" not in x))
     terms = pack_copy / "using-pytorch-engineering" / "references" / "routing-terms.md"
     text = terms.read_text()
-    start = text.index("### custom-autograd-functions")
-    end = text.index("## Words users use")
-    terms.write_text(text[:start] + text[end:])
+    terms.write_text(
+        text[: text.index("### custom-autograd-functions")] + text[text.index("## Words users use") :]
+    )
+
+
+def test_a_specialist_without_a_route_section_is_reported(pack_copy: Path):
+    """A skill nobody can be routed to is a routing hole."""
+    _drop_custom_autograd_route(pack_copy)
     examples = pack_copy / "using-pytorch-engineering" / "references" / "routing-examples.md"
     text = examples.read_text()
     start = text.index("### custom-autograd-functions")
@@ -143,13 +148,6 @@ def test_a_specialist_without_a_route_section_is_reported(pack_copy: Path):
 
 def test_examples_for_a_skill_the_router_does_not_list_are_reported(pack_copy: Path):
     """Labelled examples under a skill with no 'Start here' row are a format error with the line."""
-    router = pack_copy / "using-pytorch-engineering" / "SKILL.md"
-    lines = router.read_text().splitlines(keepends=True)
-    router.write_text("".join(x for x in lines if "| `custom-autograd-functions` |" not in x))
-    terms = pack_copy / "using-pytorch-engineering" / "references" / "routing-terms.md"
-    text = terms.read_text()
-    terms.write_text(
-        text[: text.index("### custom-autograd-functions")] + text[text.index("## Words users use") :]
-    )
+    _drop_custom_autograd_route(pack_copy)
     found = _messages(pack_copy)
     assert any("routing-examples.md line" in m and "'custom-autograd-functions'" in m for m in found), found

@@ -45,7 +45,7 @@ class ExampleModel:
     log_prior: dict[str, float]
     log_likelihood: dict[str, dict[str, float]]  # skill -> feature -> log P(feature | skill)
     log_unseen: dict[str, float]  # skill -> log P(a known feature the skill never showed)
-    examples: int
+    vocabulary: frozenset[str]  # every feature some skill showed: the only ones that move the odds
 
     @classmethod
     def fit(
@@ -60,17 +60,15 @@ class ExampleModel:
         names = tuple(skills)
         counts: dict[str, Counter[str]] = {s: Counter() for s in names}
         documents: Counter[str] = Counter()
-        n = 0
         for example in examples:
             if example.skill in counts:
                 counts[example.skill].update(featurize(example.text))
                 documents[example.skill] += 1
-                n += 1
         for skill, terms in phrases:
             if skill in counts and terms:
                 counts[skill].update(with_pairs(terms))
                 documents[skill] += 1
-        vocabulary = set().union(*counts.values()) if counts else set()
+        vocabulary = frozenset().union(*counts.values())
         total_documents = sum(documents.values()) or 1
         log_prior, log_likelihood, log_unseen = {}, {}, {}
         for skill in names:
@@ -78,17 +76,13 @@ class ExampleModel:
             log_prior[skill] = math.log((documents[skill] + 1) / (total_documents + len(names)))
             log_likelihood[skill] = {f: math.log((c + SMOOTHING) / total) for f, c in counts[skill].items()}
             log_unseen[skill] = math.log(SMOOTHING / total) if total > 0 else 0.0
-        return cls(names, log_prior, log_likelihood, log_unseen, n)
-
-    def known(self, features: set[str]) -> set[str]:
-        """The features some skill has seen: the only ones that move the probabilities."""
-        return {f for f in features if any(f in self.log_likelihood[s] for s in self.skills)}
+        return cls(names, log_prior, log_likelihood, log_unseen, vocabulary)
 
     def probabilities(self, features: set[str]) -> dict[str, float]:
         """P(skill | the query's features), summing to 1 (the priors when no feature is known)."""
         if not self.skills:
             return {}
-        seen = self.known(features)
+        seen = features & self.vocabulary
         log_posterior = {
             s: self.log_prior[s] + sum(self.log_likelihood[s].get(f, self.log_unseen[s]) for f in seen)
             for s in self.skills

@@ -33,16 +33,21 @@ How it decides, deterministically:
 5. The labelled examples (references/routing-examples.md, `examples.ExampleModel`) vote: each
    skill's rank is its phrase score as a share of the top one plus the examples' probability
    of it (EXAMPLE_WEIGHT), so a symptom in words no phrase has still routes like the questions
-   that share its words. The examples also overrule a clarifying question they all but rule out
-   (a post full of setup numbers that does describe a symptom); they never overrule a decline.
+   that share its words. They also overrule a clarifying question or a "when it outweighs"
+   decline that they all but rule out (OVERRULE_BELOW), and decide alone when nearly sure
+   (EXAMPLES_DECIDE): a decline unless a PyTorch message is pasted, a clarifying question only
+   when the prose (pasted code is context, `_without_code`) names no symptom and no question
+   names anything routable.
 6. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own and not to be all but ruled out by the
    examples, and words inside file paths do not trigger rules, nor do the words of another
    skill's pasted message (unless the rule reads that skill next: a pasted OOM in an FSDP job
    fires the OOM-with-FSDP rule).
 
-Known limitations: bag-of-words matching and statistics: a symptom described in words neither the
-phrases nor the examples use (and no synonym maps) is not recognized; non-English text gets the clarifying question; a
+Known limitations: bag-of-words matching and statistics: a symptom described in words neither
+the phrases nor the examples use (and no synonym maps) is not recognized; a detailed post that
+names no symptom but asks "any ideas?" about a topic is often routed rather than asked about;
+non-English text gets the clarifying question; a
 question about another framework that never names it (nor any sign the table lists) is routed
 as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
 keyword whose parts are common words makes those words topic terms, so keywords avoid compounds
@@ -82,8 +87,8 @@ EXAMPLE_WEIGHT = 1.0
 RULE_MIN_VOTE = {False: 0.02, True: 1e-9}
 # The tables' "ask one question first" or "out of scope" answer stands unless the examples give it
 # less than this probability and the phrases found something (a question worded like routable ones).
-# Naive Bayes posteriors are extreme, so "all but ruled out" is a very small number. Declines are
-# never overruled: the examples could not tell a Keras question from a PyTorch one worded alike.
+# Naive Bayes posteriors are extreme, so "all but ruled out" is a very small number. Only "when it
+# outweighs" declines are overruled: a Keras question worded like a PyTorch one is still Keras.
 OVERRULE_BELOW = {"clarify": 1e-10, "out-of-scope": 1e-10}
 # ... and the examples alone ask first or decline when they hold the post for a clarify or an
 # out-of-scope one with this probability: a clarifying question only when the post names no
@@ -292,9 +297,10 @@ class Router:
     def example_probabilities(self, query: str) -> dict[str, float]:
         """P(label | the query's words) from the labelled examples, for each skill and for
         "clarify" and "out-of-scope" when the examples have them ({} without examples)."""
-        if self.example_model is None:
-            return {}
-        return self.example_model.probabilities(self._example_features(_truncate(query or "")))
+        return self._votes(self._example_features(_truncate(query or "")))
+
+    def _votes(self, features: set[str]) -> dict[str, float]:
+        return self.example_model.probabilities(features) if self.example_model is not None else {}
 
     def _overruled(self, verdict: str, votes: dict[str, float], top: float) -> bool:
         """Whether the examples overrule the tables' `verdict` ("clarify" or "out-of-scope"): they
@@ -561,7 +567,7 @@ class Router:
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
         topic, oos, signs = self._out_of_scope(words, named, top, shared=self._names_shared(words))
-        all_votes = self.example_model.probabilities(with_pairs(ordered)) if self.example_model else {}
+        all_votes = self._votes(with_pairs(ordered))
         if (
             topic is not None
             and oos >= OUTWEIGHS[topic.declines] * top
@@ -583,20 +589,20 @@ class Router:
 
         if all_votes.get("out-of-scope", 0.0) >= EXAMPLES_DECIDE["out-of-scope"] and not found.pasted:
             # the table's signs did not decline it; name the topic whose signs it shows, if any
-            near, near_score, near_signs = self._out_of_scope(words, False, 0.0)
+            near, _, near_signs = self._out_of_scope(words, False, 0.0)
+            topic_name, say = (near.topic, near.say) if near is not None else (GENERIC_TOPIC, GENERIC_SAY)
             return RouteResult(
                 status="out_of_scope",
                 skills=[],
-                out_of_scope=near.topic if near is not None else GENERIC_TOPIC,
-                reason=near.say if near is not None else GENERIC_SAY,
+                out_of_scope=topic_name,
+                reason=say,
                 out_of_scope_signs=near_signs,
                 evidence=matched,
                 confidence=round(0.5 * all_votes["out-of-scope"], 2),
                 scores=scores,
                 votes=_rounded(all_votes),
                 ignored_lines=ignored,
-                summary=f"Out of scope ({near.topic if near is not None else GENERIC_TOPIC}): "
-                + (near.say if near is not None else GENERIC_SAY),
+                summary=f"Out of scope ({topic_name}): {say}",
             )
 
         question, vagueness = self._vague_question(qset, ordered)
@@ -606,7 +612,7 @@ class Router:
         prose = _without_code(query)
         if prose != query:
             symptom = max(self._evidence(prose).symptom.values(), default=0.0)
-            prose_votes = self.example_probabilities(prose)
+            prose_votes = self._votes(with_pairs(terms(prose, self.synonyms)))  # prose: evidence lines only
         else:
             prose_votes = all_votes
         if (
