@@ -493,3 +493,38 @@ def test_the_same_code_with_a_symptom_in_words_is_routed(router: Router):
         "for x, y in loader:\n    loss = model(x).loss\n    loss.backward()\n```"
     )
     assert result.status == "routed" and result.skills[0] == "distributed-training-strategies"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "torch.compile misbehaves on our ViT since the upgrade, torch 2.6.0, python 3.12, single 4090, "
+        "anyone else seen this?",
+        "our FSDP run on 16 H100s is not the same since we switched from deepspeed, llama 7B, bf16, "
+        "same lr. any known issues?",
+    ],
+)
+def test_a_detailed_post_whose_question_clause_names_nothing_gets_the_question(router: Router, query: str):
+    """The examples hold these for clarify ones; the sentence names a topic, but the clause that asks
+    ("any known issues?") names nothing, so the question does not make the post routable."""
+    result = router.route(query)
+    assert result.status == "clarify", result.summary
+
+
+def test_a_question_clause_that_names_a_topic_keeps_the_post_routed(router: Router):
+    result = router.route(
+        "we're on torch 2.6 with a ViT, is mode='max-autotune' worth it over the default torch.compile mode?"
+    )
+    assert result.status == "routed" and result.skills[0] == "mixed-precision-and-optimization"
+
+
+def test_a_question_that_is_only_a_vague_phrasing_names_nothing(router: Router):
+    """ "How can I optimize my model?" is the table's "optimize my model" phrasing, not a question
+    about the optimizer; with a named bottleneck the same opening is routed."""
+    asked = router.route(
+        "How can I optimize my model? it's a 12-layer transformer, 80M params, batch 32, lr 3e-4."
+    )
+    assert asked.status == "clarify"
+    assert asked.clarify and "speed" in asked.clarify
+    routed = router.route("How can I optimize my dataloader? it's 8 workers, jpeg decoding, batch 256.")
+    assert routed.status == "routed" and routed.skills[0] == "performance-profiling"

@@ -37,7 +37,9 @@ How it decides, deterministically:
    decline that they all but rule out (OVERRULE_BELOW), and decide alone when nearly sure
    (EXAMPLES_DECIDE): a decline unless a PyTorch message is pasted, a clarifying question only
    when the prose (pasted code is context, `_without_code`) names no symptom and no question
-   names anything routable.
+   names anything routable in the clause that asks: "torch.compile misbehaves on 2.6, any known
+   issues?" asks nothing of torch.compile. A question that is only one of the "Ask one question
+   first" phrasings ("How can I optimize my model?") names nothing either.
 6. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
    rule needs its first skill to have evidence of its own and not to be all but ruled out by the
    examples, and words inside file paths do not trigger rules, nor do the words of another
@@ -46,7 +48,8 @@ How it decides, deterministically:
 
 Known limitations: bag-of-words matching and statistics: a symptom described in words neither
 the phrases nor the examples use (and no synonym maps) is not recognized; a detailed post that
-names no symptom but asks "any ideas?" about a topic is often routed rather than asked about;
+names no symptom but asks "any ideas?" about a topic is still routed when the examples are not
+nearly sure it is a vague one;
 non-English text gets the clarifying question; a
 question about another framework that never names it (nor any sign the table lists) is routed
 as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
@@ -128,9 +131,13 @@ BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, name
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
+# the clauses of a sentence: what the last one asks is the question ("torch 2.5, any known issues?")
+_CLAUSE = re.compile(r"[,;:]\s+|\.+\s+|\s+[-\u2013\u2014]+\s+|\)\s+")
 _ASKING = frozenset(
     "how what whats which why when where should can could is are does do did will would any anyone".split()
 )
+# who a question addresses or points at ("can you", "fix it"): no topic of its own
+_ADDRESSED = frozenset("i me my you your it this that we our someone somebody please".split())
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 _HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 NEGATED = frozenset({"not", "no"})  # a phrase with one of these needs a negation in the query
@@ -518,15 +525,22 @@ class Router:
             return False
         return not self._asks_routable_question(query)
 
-    def _asks_routable_question(self, text: str) -> bool:
-        """Whether one of the question sentences of `text` names something routable on its own."""
+    def _asks_routable_question(self, text: str, asked_clause: bool = False) -> bool:
+        """Whether one of the question sentences of `text` names something routable on its own;
+        with `asked_clause`, only the clause that asks counts, the last one of its sentence: in
+        "torch.compile doesn't work on 2.5, any known issues?" the question names nothing."""
         questions = [s for s in _SENTENCE.split(text) if _is_question(s)][:MAX_QUESTIONS]
+        if asked_clause:
+            questions = [_CLAUSE.split(q.strip())[-1] for q in questions]
         return any(self._names_routable(q) for q in questions)
 
     def _names_routable(self, question: str) -> bool:
         """Whether one question sentence names something routable on its own. A question that asks
         for a review ("Could you sanity-check my FSDP setup?": a review word in it) names something
         only with a symptom: its topic words are what it wants reviewed."""
+        asked = set(terms(question, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED
+        if asked and any(asked <= set(p) for _, phrasings in self.vague_loose for p in phrasings):
+            return False  # the question is one of the vague phrasings ("How can I optimize my model?")
         found = self._evidence(question)
         if max(found.scores.values(), default=0.0) < QUESTION_MIN:
             return False
@@ -629,7 +643,7 @@ class Router:
             or (
                 symptom < SYMPTOM_MIN
                 and prose_votes.get("clarify", 0.0) >= EXAMPLES_DECIDE["clarify"]
-                and not self._asks_routable_question(prose)
+                and not self._asks_routable_question(prose, asked_clause=True)
             )
         ):
             return RouteResult(
