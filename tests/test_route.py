@@ -528,3 +528,16 @@ def test_a_question_that_is_only_a_vague_phrasing_names_nothing(router: Router):
     assert asked.clarify and "speed" in asked.clarify
     routed = router.route("How can I optimize my dataloader? it's 8 workers, jpeg decoding, batch 256.")
     assert routed.status == "routed" and routed.skills[0] == "performance-profiling"
+
+
+def test_a_vague_phrasing_whose_question_clause_names_nothing_gets_the_question(router: Router):
+    """ "something seems wrong" is a vague phrasing; the topic (DDP, NCCL) sits in the clauses before
+    the one that asks, so the question ("where would you start?") names nothing routable."""
+    asked = router.route(
+        "something seems wrong with our DDP job on 4 nodes, NCCL backend, torch 2.5, where would you start?"
+    )
+    assert asked.status == "clarify", asked.summary
+    routed = router.route(
+        "something is off: DDP hangs at the first all_reduce on 4 nodes, where would you start?"
+    )
+    assert routed.status == "routed" and routed.skills[0] == "distributed-training-strategies"

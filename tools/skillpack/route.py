@@ -517,13 +517,24 @@ class Router:
     def _asks_for_help(self, query: str, words: _Positions, vague: bool = False) -> bool:
         """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
         ("Setup words" next to numbers), while none of the post's questions names anything
-        routable on its own ("porting my script to DDP, what needs to change?" is routable)."""
+        routable on its own ("porting my script to DDP, what needs to change?" is routable). After
+        a vague complaint outside the clauses that ask, only those clauses count ("something is off
+        with my DDP job, where do I start?")."""
         # "ok"/"okay" opening a sentence is a discourse marker ("ok this is driving me nuts"), not a judgment
         said = _Positions(_words(_TECHNICAL_YES_NO.sub(" ", _DISCOURSE.sub(r"\1", query))))
         asks = vague or any(said.near(h, gap=0) for h in self.help_words) or self._asks_review(query)
         if not asks and _setup_pairs(query, self.setup_words) < SETUP_MIN:
             return False
-        return not self._asks_routable_question(query)
+        return not self._asks_routable_question(query, asked_clause=vague and self._complains_vaguely(query))
+
+    def _complains_vaguely(self, text: str) -> bool:
+        """Whether `text` says a vague phrasing outside the clauses that ask ("it doesn't work, any
+        advice?" complains; in "porting to DDP, what needs to change?" the phrasing is the question)."""
+        told: list[str] = []
+        for sentence in _SENTENCE.split(text):
+            clauses = _CLAUSE.split(sentence.strip())
+            told.extend(clauses[:-1] if _is_question(sentence) else clauses)
+        return self._vague_ask(_Positions(terms("\n".join(told), self.synonyms, GLUE_WORDS))) is not None
 
     def _asks_routable_question(self, text: str, asked_clause: bool = False) -> bool:
         """Whether one of the question sentences of `text` names something routable on its own;
