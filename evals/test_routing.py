@@ -22,7 +22,7 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   causes in the sixth round.
 - blind9.yaml: outside writer, 54/64 / 18/20 / 15/16 when first measured; used in the examples
   round as a design check.
-- blind10.yaml ... blind23.yaml: outside writers who never saw the repository; see
+- blind10.yaml ... blind27.yaml: outside writers who never saw the repository; see
   evals/routing/README.md for each set's first, untuned figures.
 
 The router learns from labelled examples (references/routing-examples.md in the router skill),
