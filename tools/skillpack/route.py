@@ -279,6 +279,8 @@ class Router:
             (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
             for case in table.ambiguous
         ]
+        # ... and as sets: a question made of one of them and asking words names nothing
+        self.vague_term_sets = [frozenset(p) for _, phrasings in self.vague_loose for p in phrasings if p]
         # signs are matched word for word, unstemmed: "tensorflow" must not match "tensor"
         self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
         self.shared_anchors = [t for t in (tuple(_words(s)) for s in table.shared_signs) if t]
@@ -514,7 +516,7 @@ class Router:
                 best, best_margin = (topic, round(score, 3), [text for text, _ in seen]), margin
         return best
 
-    def _asks_for_help(self, query: str, words: _Positions, vague: bool = False) -> bool:
+    def _asks_for_help(self, query: str, vague: bool = False) -> bool:
         """A vague phrasing (`vague`), a request for help or review ("Help words") or a listed setup
         ("Setup words" next to numbers), while none of the post's questions names anything
         routable on its own ("porting my script to DDP, what needs to change?" is routable). After
@@ -532,7 +534,7 @@ class Router:
         advice?" complains; in "porting to DDP, what needs to change?" the phrasing is the question)."""
         told: list[str] = []
         for sentence in _SENTENCE.split(text):
-            clauses = _CLAUSE.split(sentence.strip())
+            clauses = _clauses(sentence)
             told.extend(clauses[:-1] if _is_question(sentence) else clauses)
         return self._vague_ask(_Positions(terms("\n".join(told), self.synonyms, GLUE_WORDS))) is not None
 
@@ -542,7 +544,7 @@ class Router:
         "torch.compile doesn't work on 2.5, any known issues?" the question names nothing."""
         questions = [s for s in _SENTENCE.split(text) if _is_question(s)][:MAX_QUESTIONS]
         if asked_clause:
-            questions = [_CLAUSE.split(q.strip())[-1] for q in questions]
+            questions = [_clauses(q)[-1] for q in questions]
         return any(self._names_routable(q) for q in questions)
 
     def _names_routable(self, question: str) -> bool:
@@ -550,7 +552,7 @@ class Router:
         for a review ("Could you sanity-check my FSDP setup?": a review word in it) names something
         only with a symptom: its topic words are what it wants reviewed."""
         asked = set(terms(question, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED
-        if asked and any(asked <= set(p) for _, phrasings in self.vague_loose for p in phrasings):
+        if asked and any(asked <= p for p in self.vague_term_sets):
             return False  # the question is one of the vague phrasings ("How can I optimize my model?")
         found = self._evidence(question)
         if max(found.scores.values(), default=0.0) < QUESTION_MIN:
@@ -645,10 +647,7 @@ class Router:
             or (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
             or (
                 (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-                or (
-                    symptom < SYMPTOM_MIN
-                    and self._asks_for_help(prose, _Positions(_words(prose)), ask is not None)
-                )
+                or (symptom < SYMPTOM_MIN and self._asks_for_help(prose, ask is not None))
             )
             and not self._overruled("clarify", prose_votes, top)
             or (
@@ -785,6 +784,11 @@ def _setup_pairs(text: str, setup_words: frozenset[str]) -> int:
         for i, t in enumerate(toks)
         if t in setup_words and any(x[0].isdigit() for x in toks[max(0, i - 2) : i] + toks[i + 1 : i + 3])
     )
+
+
+def _clauses(sentence: str) -> list[str]:
+    """A sentence's clauses; the last one of a question is the one that asks."""
+    return _CLAUSE.split(sentence.strip())
 
 
 def _is_question(sentence: str) -> bool:
