@@ -18,10 +18,9 @@ from torch_skills.runner.interpreter import (
     InterpreterError,
     find_interpreter,
     worker_dependency_dir,
+    worker_package_dir,
 )
 from torch_skills.server import build_server
-
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "tools" / "bootstrap.py"
 
 # A src/-layout project: its package imports a module that only the project's venv has.
 PROJECT_MODEL = """\
@@ -139,10 +138,9 @@ def test_the_worker_imports_only_the_listed_dependencies_in_a_bare_environment(s
     python = src_project / ".venv" / "bin" / "python"
     deps = worker_dependency_dir(src_project)
     code = (
-        "import sys, runpy, importlib\n"
+        "import sys, importlib\n"
+        f"sys.path.insert(0, {str(worker_package_dir(src_project))!r})\n"
         f"sys.path.append({str(deps)!r})\n"
-        f"ns = runpy.run_path({str(BOOTSTRAP)!r}, run_name='bs')\n"
-        "ns['import_package']()\n"
         "for m in ['torch_skills.runner.zygote', 'torch_skills.runner.usercode', 'torch_skills.gradients.worker',\n"
         "          'torch_skills.checkpoint.worker', 'torch_skills.memory.worker', 'torch_skills.profiling.worker']:\n"
         "    importlib.import_module(m)\n"
@@ -202,9 +200,13 @@ def test_an_old_torch_is_named_with_the_version_it_needs(tmp_path: Path):
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("__version__ = '1.13.1'\n")
     python = make_env(tmp_path / "old", with_torch=False, pth=[fake])
-    env = dict(os.environ, **{WORKER_PATH_ENV: str(worker_dependency_dir(tmp_path))})
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(worker_package_dir(tmp_path)),
+        **{WORKER_PATH_ENV: str(worker_dependency_dir(tmp_path))},
+    )
     done = subprocess.run(
-        [python, str(BOOTSTRAP), "runner.zygote"],
+        [python, "-m", "torch_skills.runner.zygote"],
         capture_output=True,
         text=True,
         env=env,

@@ -58,9 +58,8 @@ def _repo_files(folder: str) -> set[str]:
 def dists(tmp_path_factory) -> dict[str, Path]:
     """The sdist and the wheel, built from a copy of this repository."""
     try:
-        import setuptools  # noqa: F401
-
         import build  # noqa: F401
+        import setuptools  # noqa: F401
     except ModuleNotFoundError as e:
         pytest.fail(f"{e.name} is missing: `pip install -e '.[dev]'` installs it (needed to build offline)")
     src = copy_repository(tmp_path_factory.mktemp("src"))
@@ -116,12 +115,12 @@ def test_the_packages_in_pyproject_are_exactly_the_code_folders():
     """Every folder under tools/ with an __init__.py is listed as a torch_skills package, and nothing else."""
     setuptools_cfg = _pyproject()["tool"]["setuptools"]
     assert setuptools_cfg["package-dir"] == {
-        PACKAGE: "tools",
+        "": "tools",
         f"{PACKAGE}.skills": "skills",
         f"{PACKAGE}.examples": "examples",
     }
     on_disk = {
-        ".".join((PACKAGE, *init.parent.relative_to(REPO / "tools").parts))
+        ".".join(init.parent.relative_to(REPO / "tools").parts)
         for init in (REPO / "tools").rglob("__init__.py")
         if "__pycache__" not in init.parts
     }
@@ -133,7 +132,7 @@ def test_the_packages_in_pyproject_are_exactly_the_code_folders():
 def test_the_console_script_points_at_the_package_cli():
     """`torch-skills` is the package's cli.main, the module `python -m torch_skills` runs too."""
     assert _pyproject()["project"]["scripts"] == {"torch-skills": f"{PACKAGE}.cli:main"}
-    assert (REPO / "tools" / "__main__.py").read_text().count(f"from {PACKAGE}.cli import main") == 1
+    assert (REPO / "tools" / PACKAGE / "__main__.py").read_text().count(f"from {PACKAGE}.cli import main") == 1
 
 
 def test_the_wheel_holds_one_package_with_every_skill_and_example(dists):
@@ -148,7 +147,8 @@ def test_the_wheel_holds_one_package_with_every_skill_and_example(dists):
     missing = {f for f in skill_files if f"{PACKAGE}/skills/{f}" not in in_wheel}
     assert not missing, f"skill files left out of the wheel: {sorted(missing)}"
     code = {f for f in _repo_files("tools") if f.endswith(".py")}
-    assert {f for f in code if f"{PACKAGE}/{f}" not in in_wheel} == set()
+    assert code and all(f.startswith(f"{PACKAGE}/") for f in code)
+    assert {f for f in code if f not in in_wheel} == set()
     assert {f"{PACKAGE}/examples/tiny_lm.py", f"{PACKAGE}/examples/demo.py"} <= in_wheel
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert f"torch-skills = {PACKAGE}.cli:main" in zipfile.ZipFile(dists["wheel"]).read(entry_points).decode()
@@ -158,7 +158,7 @@ def test_the_sdist_keeps_the_repository_layout(dists):
     """The sdist holds the clone's top level (tools/, skills/, examples/, pyproject, README) to rebuild from."""
     with tarfile.open(dists["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"pyproject.toml", "README.md", "tools/cli.py", "examples/tiny_lm.py"} <= names
+    assert {"pyproject.toml", "README.md", "tools/torch_skills/cli.py", "examples/tiny_lm.py"} <= names
     assert {f"skills/{f}" for f in _repo_files("skills")} <= names
 
 

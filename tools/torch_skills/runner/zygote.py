@@ -1,6 +1,6 @@
 """The warm worker: imports torch once, then forks one fresh child per tool call.
 
-Run by `WorkerPool` as `python torch_skills/bootstrap.py runner.zygote [--preload MODULE ...]`. A preloaded
+Run by `WorkerPool` as `python -m torch_skills.runner.zygote [--preload MODULE ...]`. A preloaded
 module may define `warm_up()`: it is called once after the import, before any fork, to run the
 tool's code paths on tiny tensors (keep them below torch's parallel grain size, so no OpenMP
 threads exist at fork time). It speaks the
@@ -302,8 +302,19 @@ def _preload(module: str) -> None:
         print(f"torch-skills worker: could not preload {module}: {e!r}", file=sys.stderr)
 
 
+def _set_import_path() -> None:
+    """Drop the folder `python -m` put first (the working directory: the user's code is imported by
+    `torch_skills.runner.codeimport`, never by accident) and append the server's copies of the
+    worker's dependencies (`interpreter.WORKER_PATH_ENV`): a copy the user's environment has wins."""
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.realpath(os.getcwd()):
+        del sys.path[0]
+    extra = [p for p in os.environ.pop("TORCH_SKILLS_WORKER_PATH", "").split(os.pathsep) if p]
+    sys.path.extend(p for p in extra if p not in sys.path)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    _set_import_path()
     out_fd = os.dup(1)  # the protocol channel
     os.dup2(2, 1)  # anything printed from here on goes to stderr
     sys.stdout = sys.stderr

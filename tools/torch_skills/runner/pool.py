@@ -39,9 +39,11 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from torch_skills.runner import interpreter, protocol
 from torch_skills.runner.errors import WorkerError
 
-# The worker is started through this file, so it imports the package the server runs from
-# (a clone's tools/ or an installed torch_skills/) and nothing of the user's that shares a name.
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "bootstrap.py"
+# The worker is started as `python -m torch_skills.runner.zygote` with a folder on PYTHONPATH that
+# holds one link, `torch_skills`, to the package the server runs from (a clone's
+# tools/torch_skills/ or an installed copy): nothing else of the server's environment, and no
+# module of the user's that shares a name, comes with it.
+WORKER_MODULE = "torch_skills.runner.zygote"
 ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
 
 _SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
@@ -146,6 +148,7 @@ class WorkerPool:
         self.python = python
         self.python_source = python_source  # why this interpreter (for messages)
         self._deps_dir: Path | None = None
+        self._package_dir: Path | None = None  # holds the `torch_skills` link the worker imports
         self._preloaded: set[str] = set()  # libraries the warm worker was asked to import
         self._unsafe_libraries: set[str] = set()  # top-level names whose import left a thread running
         self.start_timeout_s = start_timeout_s
@@ -179,9 +182,10 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop the warm worker; its children die with it (they are killed on its stdin EOF)."""
         process, self._process = self._process, None
-        deps_dir, self._deps_dir = self._deps_dir, None
-        if deps_dir is not None:
-            shutil.rmtree(deps_dir, ignore_errors=True)  # the running worker has its imports already
+        for folder in (self._deps_dir, self._package_dir):
+            if folder is not None:  # the running worker has its imports already
+                shutil.rmtree(folder, ignore_errors=True)
+        self._deps_dir = self._package_dir = None
         if process is None:
             return
         with anyio.CancelScope(shield=True):
@@ -227,11 +231,16 @@ class WorkerPool:
             env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the user's project
             env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
             env.pop(interpreter.WORKER_PATH_ENV, None)
+            if self._package_dir is None or not self._package_dir.is_dir():
+                self._package_dir = interpreter.worker_package_dir()
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(self._package_dir), os.environ.get("PYTHONPATH")])
+            )
             if not interpreter.same_environment(self.python, sys.executable):
                 if self._deps_dir is None or not self._deps_dir.is_dir():
                     self._deps_dir = interpreter.worker_dependency_dir()
                 env[interpreter.WORKER_PATH_ENV] = str(self._deps_dir)
-            args = [self.python, str(BOOTSTRAP), "runner.zygote"]
+            args = [self.python, "-m", WORKER_MODULE]
             for module in self.preload:
                 args += ["--preload", module]
             self._process = await anyio.open_process(

@@ -22,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from torch_skills import OWN_DIRS as _OWN_DIRS
 from torch_skills.runner import proctree, protocol
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.libraries import installed_imports
@@ -106,9 +107,6 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     return "internal", f"torch-skills failed with {text}. This is a bug in the tool; please report it."
 
 
-_OWN_DIR = str(Path(__file__).resolve().parents[1])
-
-
 def _user_frame(exc: BaseException) -> str | None:
     """'file.py:42' of the innermost frame in the user's code, or None when the error is not theirs."""
     import sysconfig
@@ -119,7 +117,7 @@ def _user_frame(exc: BaseException) -> str | None:
         filename = (
             str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
         )
-        if filename.startswith(_OWN_DIR) or any(filename.startswith(d) for d in library_dirs):
+        if filename.startswith(_OWN_DIRS) or any(filename.startswith(d) for d in library_dirs):
             continue
         if filename.startswith("<frozen"):
             continue

@@ -15,7 +15,7 @@ user's code really comes from.
 The worker imports nothing of the server's environment but pydantic and its pure dependencies
 (its result models; see `WORKER_DEPENDENCIES`). When the worker runs under another interpreter,
 `worker_dependency_dir` builds a folder holding links to exactly those packages, and the
-bootstrap *appends* it to `sys.path`: a copy the user's environment has always wins, and nothing
+worker *appends* it to `sys.path` (`runner.zygote`): a copy the user's environment has always wins, and nothing
 else of the server's environment (its torch above all) becomes importable there.
 
 Known limitations: the interpreter is chosen once, at start-up, so an MCP client root offered
@@ -49,7 +49,7 @@ WORKER_DEPENDENCIES = (
 # Environment folders looked for in a project directory, in this order.
 ENV_FOLDERS = (".venv", "venv", ".conda", "env")
 
-# Environment variable the bootstrap reads: folders to append to the worker's sys.path.
+# Environment variable the worker reads at start: folders to append to its sys.path.
 WORKER_PATH_ENV = "TORCH_SKILLS_WORKER_PATH"
 
 
@@ -167,6 +167,17 @@ def find_interpreter(
         if python is not None and not _is_server_env(env_dir):
             return Interpreter(python.absolute(), f"CONDA_PREFIX={conda}")
     return Interpreter(Path(sys.executable), "the server's own")
+
+
+def worker_package_dir(parent: Path | None = None) -> Path:
+    """A new folder holding one link, `torch_skills`, to the package this server runs from.
+
+    Put on the worker's PYTHONPATH, it makes `python -m torch_skills.runner.zygote` import this
+    server's code under any interpreter, and exposes no other module name to the user's imports.
+    The caller removes it when the worker is gone."""
+    folder = Path(tempfile.mkdtemp(prefix="torch-skills-worker-pkg-", dir=parent))
+    (folder / "torch_skills").symlink_to(Path(__file__).resolve().parents[1], target_is_directory=True)
+    return folder
 
 
 def worker_dependency_dir(parent: Path | None = None) -> Path:

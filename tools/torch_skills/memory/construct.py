@@ -30,12 +30,13 @@ import math
 import sysconfig
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
+
+from torch_skills import OWN_DIRS as _OWN_DIRS
 
 # Factory results up to this many elements are made for real during construction, and ops on
 # such real tensors stay real: enough for rate schedules and index tables, and small enough that
@@ -164,7 +165,6 @@ def fakeify_real_tensors(model: torch.nn.Module, mode: Any) -> None:
 
 # -- why a trace failed -------------------------------------------------------------------------
 _LIBRARY_DIRS = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-_OWN_DIR = str(Path(__file__).resolve().parents[1])
 
 
 def _innermost_user_line(exc: BaseException) -> str | None:
@@ -175,7 +175,7 @@ def _innermost_user_line(exc: BaseException) -> str | None:
     where = None
     for frame in traceback.extract_tb(exc.__traceback__):
         name = frame.filename
-        if name.startswith("<") or name.startswith(_OWN_DIR) or "/torch/" in name:
+        if name.startswith("<") or name.startswith(_OWN_DIRS) or "/torch/" in name:
             continue
         if name.startswith(_LIBRARY_DIRS) and "site-packages" not in name and "dist-packages" not in name:
             continue

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from torch_skills import OWN_DIRS as _TOOLS_DIRS
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_TOOLS_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 _SITE_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})
 
@@ -75,11 +76,11 @@ def user_source(cwd: Path | None = None) -> str | None:
     forward, the default loss): the module name says more than a line inside torch would.
     """
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_TOOLS_DIR):  # the tracer itself
+    while frame is not None and frame.f_code.co_filename.startswith(_TOOLS_DIRS):  # the tracer itself
         frame = frame.f_back
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(_TOOLS_DIR):  # back in the tool that called the model: no user frame
+        if filename.startswith(_TOOLS_DIRS):  # back in the tool that called the model: no user frame
             return None
         if not (
             filename.startswith(_TORCH_DIR)

@@ -19,10 +19,11 @@ from typing import Any
 
 
 def _default_skills_dir() -> Path:
-    """The skills shipped with the package: `torch_skills/skills/` installed, `skills/` in a clone."""
+    """The skills shipped with the package: `torch_skills/skills/` installed, `skills/` in a clone
+    (where the package is `tools/torch_skills/`)."""
     package_dir = Path(__file__).resolve().parents[1]
     installed = package_dir / "skills"
-    return installed if installed.is_dir() else package_dir.parent / "skills"
+    return installed if installed.is_dir() else package_dir.parents[1] / "skills"
 
 
 DEFAULT_SKILLS_DIR = _default_skills_dir()

@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from torch_skills import OWN_DIRS
 from torch_skills.profiling.flops import flop_counter
 from torch_skills.profiling.models import HostSync
 from torch_skills.profiling.step import StepRunner, top_level_modules
@@ -56,7 +57,6 @@ _FREE_OPS = {aten.detach.default, aten.alias.default, aten.empty.memory_format, 
              aten.empty_like.default, aten.lift_fresh.default}  # fmt: skip
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-_TOOLS_DIR = str(Path(__file__).resolve().parents[1])
 _STDLIB_DIR = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 
 
@@ -79,7 +79,7 @@ def _is_library(filename: str) -> bool:
     if filename.startswith("<"):
         return True
     path = os.path.realpath(filename)
-    return path.startswith((_TORCH_DIR, _TOOLS_DIR, _STDLIB_DIR))
+    return path.startswith((_TORCH_DIR, *OWN_DIRS, _STDLIB_DIR))
 
 
 def user_location(frame: Any) -> str | None:
