@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: 
     args = ", ".join(f"{k}={v!r}" for k, v in call.items())
     print(f"   call: {args}")
     if result.is_error:
-        print(f"   tool error: {result.content[0].text[:400]}")
+        print(f"   tool error: {_wrapped(result.content[0].text.splitlines()[0])}")
         return
     data = result.structured_content
     print(f"   summary: {data.get('summary')}")
@@ -61,8 +62,15 @@ def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: 
         print(f"   {line}")
     for finding in data.get("findings", [])[:4]:
         print(
-            f"   - [{finding['severity']}] {finding['code']}: {finding['message'][:160]} (skill: {finding['skill']})"
+            _wrapped(
+                f"   - [{finding['severity']}] {finding['code']}: {finding['message']} (skill: {finding['skill']})"
+            )
         )
+
+
+def _wrapped(text: str) -> str:
+    """The whole text, wrapped at 100 columns under the list item (never cut mid-word)."""
+    return textwrap.fill(" ".join(text.split()), width=100, subsequent_indent=" " * 7)
 
 
 async def _demo(project: Path) -> None:

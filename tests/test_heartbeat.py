@@ -98,3 +98,22 @@ async def test_a_call_waiting_for_a_worker_slot_says_it_is_queued():
         second = await client.call_tool("sleepy", arguments, progress_callback=on_progress)
     assert not second.is_error
     assert any("waiting for a free worker (1 ahead)" in m for m in messages), messages
+
+
+def test_the_pytest_heartbeat_reaches_the_log_while_output_is_captured(tmp_path):
+    """A test silent past the interval gets a "[still running ...]" line even under pytest's fd capture."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.heartbeat"]\n')
+    (tmp_path / "test_quiet.py").write_text("import time\n\ndef test_quiet():\n    time.sleep(2.5)\n")
+    env = {**os.environ, "PYTHONPATH": str(repo), "TORCH_SKILLS_TEST_HEARTBEAT_S": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "test_quiet.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[still running after" in done.stderr and "test_quiet.py::test_quiet" in done.stderr

@@ -222,3 +222,17 @@ def test_the_torch_links_folder_holds_torch_but_not_pydantic(tmp_path: Path):
     folder = torch_only_folder(tmp_path / "links")
     names = {p.name for p in folder.iterdir()}
     assert "torch" in names and "pydantic" not in names and "mcp" not in names
+
+
+async def test_with_no_torch_anywhere_a_torch_tool_names_the_one_fix(tmp_path: Path, monkeypatch):
+    """The server's own environment without torch (as `uvx torch-skills` makes it): --python comes first, then the extra."""
+    python = make_env(tmp_path / "server-env", with_torch=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("torch_skills.runner.interpreter.same_environment", lambda a, b: True)
+    (tmp_path / "m.py").write_text("def build():\n    return None\n")
+    async with entered_in_own_task(lambda: Client(build_server(python=str(python), prewarm=False))) as client:
+        r = await _check_gradients(client, "m.py:build")
+    assert r.is_error
+    text = r.content[0].text
+    assert "--python /path/to/your/project/.venv/bin/python" in text
+    assert "torch-skills[torch]" in text and str(tmp_path) in text

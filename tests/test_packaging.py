@@ -175,7 +175,7 @@ def test_python_m_torch_skills_check_passes_from_another_directory(installed, pr
     """`python -m torch_skills --check` validates the installed skills from an unrelated project folder."""
     run = _run([sys.executable, "-m", PACKAGE, "--check"], installed, project)
     assert run.returncode == 0, run.stderr
-    assert "OK" in run.stderr
+    assert "OK" in run.stdout
 
 
 def test_the_console_script_answers_version_and_check(installed, project):
@@ -184,7 +184,7 @@ def test_the_console_script_answers_version_and_check(installed, project):
     assert script.is_file(), f"pip wrote no console script: {sorted(p.name for p in installed.iterdir())}"
     version = _run([str(script), "--version"], installed, project)
     assert version.returncode == 0, version.stderr
-    assert version.stderr.strip() == f"torch-skills {_pyproject()['project']['version']}"
+    assert version.stdout.strip() == f"torch-skills {_pyproject()['project']['version']}"
     check = _run([str(script), "--check"], installed, project)
     assert check.returncode == 0, check.stderr
 

@@ -45,7 +45,7 @@ def test_the_check_flag_exits_zero_on_the_shipped_pack_and_non_zero_on_a_broken_
         text=True,
     )
     assert bad.returncode == 1
-    assert "debugging-techniques/SKILL.md:1" in bad.stderr
+    assert "debugging-techniques/SKILL.md:1" in bad.stdout
 
 
 def test_a_name_that_differs_from_its_folder_is_reported_at_its_line(pack_copy: Path):

@@ -84,13 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         from torch_skills import __version__
 
-        sys.stderr.write(f"torch-skills {__version__}\n")
+        sys.stdout.write(f"torch-skills {__version__}\n")
         return 0
     if args.check:
         from torch_skills.skillpack.validate import validate_pack
 
         report = validate_pack(skills_dir)
-        sys.stderr.write(report.render() + "\n")
+        sys.stdout.write(report.render() + "\n")
         return 0 if report.ok else 1
     if args.demo:
         from torch_skills.examples.demo import run_demo

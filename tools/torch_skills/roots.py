@@ -132,15 +132,26 @@ class AllowedRoots:
                     paths.append(Path(path))
         return AllowedRoots(self.cwd, self.extra, tuple(paths))
 
+    @property
+    def base(self) -> Path:
+        """The folder relative paths start from and user code runs in: the working directory when it is
+        a root, else the first --allow or client root (a desktop client starts the server in / or ~)."""
+        if self.cwd_is_root:
+            return self.cwd
+        others = [*self.extra, *self.client]
+        return Path(others[0]) if others else self.cwd
+
     def resolve(self, path: str | Path) -> Path:
-        """Absolute, symlink-free form of `path`, relative paths taken from the working directory."""
+        """Absolute, symlink-free form of `path`. A relative path starts from `base`; when the working
+        directory is not a root, the first root that holds the path wins."""
         check_name(str(path))
         try:
             p = Path(path).expanduser()
         except RuntimeError:  # '~name' for a user this machine does not know
             raise BadName(f"{path}: '~' names no known user's home here; give the full path") from None
         if not p.is_absolute():
-            p = self.cwd / p
+            candidates = [self.base] if self.cwd_is_root else [*self.extra, *self.client] or [self.cwd]
+            p = next((Path(c) / p for c in candidates if (Path(c) / p).exists()), Path(candidates[0]) / p)
         return Path(os.path.realpath(p))
 
     def contains(self, path: str | Path) -> bool:

@@ -312,7 +312,7 @@ async def run_in_worker(
                 timeout_s=timeout_s,
                 memory_limit_bytes=limit,
                 device=device,
-                cwd=roots.cwd,
+                cwd=roots.base,
                 allowed_roots=list(roots.all),
                 on_progress=beat.phase,
             )

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from torch_skills.gradients.models import (
     DepthProfile,
@@ -106,6 +107,8 @@ def first_nonfinite_parameter(model: nn.Module) -> NonfiniteLocation | None:
     modules = dict(model.named_modules())
     tensors = [*model.named_parameters(), *model.named_buffers()]
     for name, t in tensors:
+        if is_lazy(t):  # a Lazy* module's parameter before its first forward holds no values yet
+            continue
         if (
             (t.is_floating_point() or t.is_complex())
             and t.numel()

@@ -95,11 +95,18 @@ def memory_findings(f: Facts) -> list[Finding]:
             )
         )
     if training and share["activations"] >= DOMINANT_SHARE:
-        target = f.checkpoint_candidate or (f.top_saver[1] if f.top_saver else "the repeated block")
+        root_saves = f.top_saver is not None and (f.top_saver[0] in ("", "(root)") or not f.top_saver[1])
+        target = f.checkpoint_candidate or (f.top_saver[1] if f.top_saver and not root_saves else None)
         if r.checkpoint_classes:
             advice = "they stay large with checkpointing on: checkpoint more, or lower the batch size / sequence length"
-        else:
+        elif target and not root_saves:
             advice = f"wrap {target} in activation checkpointing (activation_checkpointing=['{target}'] to estimate it)"
+        else:
+            advice = (
+                "the model's own forward saves most of them, not a submodule, so there is no block to checkpoint: "
+                "move the repeated work into submodule classes and checkpoint those, or lower the batch size / "
+                "sequence length"
+            )
         out.append(
             Finding(
                 severity="warning",

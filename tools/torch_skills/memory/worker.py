@@ -13,9 +13,12 @@ largest batch that fits when `device_memory_gib` is given (`torch_skills.memory.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import os
 import resource
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -170,7 +173,7 @@ class _Tracer:
     def trace(
         self, batch_size: int | None, *, fake: bool = True, device: torch.device | None = None
     ) -> Trace:
-        with user_code("the traced step (forward, loss, backward, optimizer step)"):
+        with user_code("the traced step (forward, loss, backward, optimizer step)"), _quiet_fake_tensor_log():
             try:
                 return trace_step(
                     self.build,
@@ -186,6 +189,34 @@ class _Tracer:
                 raise UserCodeError("bad_request", str(exc)) from exc
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Keep torch's fake-tensor logger from printing a traceback for every op that fails under tracing:
+    the tool reports the error itself (the user's line first), and the log would bury it in the output."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _real_trace(tracer: _Tracer, size: int | None, asked: int | None) -> Trace:
+    """One real step at batch `size`; its error says that batch, since the user asked for `asked`."""
+    try:
+        return tracer.trace(size, fake=False)
+    except UserCodeError as exc:
+        if exc.kind != "user_exception" or size is None or size == asked:
+            raise
+        asked_text = f"batch size {asked}" if asked else "the inputs' own batch"
+        raise UserCodeError(
+            exc.kind,
+            f"at batch size {size} (a real step, run because tracing at {asked_text} on fake tensors "
+            f"failed; shapes in the error are batch {size}'s): {exc.message}",
+        ) from exc
+
+
 def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool, failure: str | None):
     """Real runs (no fake tensors) at small batch sizes, extrapolated linearly to `batch`."""
     _check_room_for_real_runs(tracer, failure)
@@ -194,7 +225,7 @@ def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool
         est = estimate_trace(trace, target)
         detail = f"one real step at batch size {trace.batch_size} on {tracer.device}, measured with the storage ledger"
         return trace, est, "measured", detail, lambda b: est
-    small, large = (tracer.trace(b, fake=False) for b in FALLBACK_BATCHES)
+    small, large = (_real_trace(tracer, b, batch) for b in FALLBACK_BATCHES)
     e_small, e_large = estimate_trace(small, target), estimate_trace(large, target)
     want = batch or e_large.batch_size or FALLBACK_BATCHES[-1]
     est = extrapolate(e_small, e_large, want, target.capacity_bytes)
@@ -394,7 +425,7 @@ def _assumptions(
 
 def _block_class(trace: Trace, top: list[ActivationSaver]) -> str | None:
     """The class of the repeated block that contains the top activation saver, if any."""
-    if not top:
+    if not top or not top[0].type or top[0].module in ("", "(root)"):  # the root module itself: no block
         return None
     units = [name for name in trace.fsdp_units if name != "(root)"]
     for unit in units:

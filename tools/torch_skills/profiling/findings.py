@@ -310,4 +310,27 @@ def summary_for(r: ProfileResult) -> str:
             if r.compile.status == "ok" and r.compile.speedup
             else " torch.compile failed."
         )
-    return f"{head} Bound by {r.bottleneck}: {why}.{top}{syncs}{comp} Profiler overhead {r.profiler_overhead_ratio:.2f}x."
+    return f"{head} {_verdict_words(r, why)}{top}{syncs}{comp} Profiler overhead {r.profiler_overhead_ratio:.2f}x."
+
+
+BOTTLENECK_WORDS = {
+    "data_loading": "the data loader",
+    "cpu_overhead": "host (CPU) overhead",
+    "compute": "arithmetic",
+    "memory_bandwidth": "memory traffic",
+}
+NEAR_LIMIT_SHARE = 0.5  # below half of a roofline limit, "bound by" it overstates what was measured
+
+
+def _verdict_words(r: ProfileResult, why: str) -> str:
+    """'Bound by X: why.', or, when the roofline resource picked is far from its limit, says so."""
+    if r.bottleneck == "unknown":
+        return f"No clear bottleneck: {why}."
+    name = BOTTLENECK_WORDS[r.bottleneck]
+    share = {"compute": r.shares.compute, "memory_bandwidth": r.shares.memory_bandwidth}.get(r.bottleneck)
+    if share is not None and share < NEAR_LIMIT_SHARE:
+        return (
+            f"Closest to the {name} limit, but at only {_pct(share)} of it: no resource is near its limit, "
+            "so small shapes, per-op fixed costs or slow kernels take the rest."
+        )
+    return f"Bound by {name}: {why}."

@@ -22,10 +22,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from torch_skills import OWN_DIRS as _OWN_DIRS
 from torch_skills.runner import proctree, protocol
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.libraries import installed_imports
+from torch_skills.runner.tracebacks import MAX_CHARS, user_location, user_traceback
 
 
 class JobContext:
@@ -92,7 +92,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
             "script logic: move it under `if __name__ == '__main__':`.",
         )
     text = f"{type(exc).__name__}: {exc}"
-    where = _user_frame(exc)
+    where = user_location(exc)
     if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "out of memory" in str(exc):
         return (
             "out_of_memory",
@@ -105,24 +105,6 @@ def _classify(exc: BaseException) -> tuple[str, str]:
             f"your code raised {text.splitlines()[0][:500]} (at {where}). Fix it and call again.",
         )
     return "internal", f"torch-skills failed with {text}. This is a bug in the tool; please report it."
-
-
-def _user_frame(exc: BaseException) -> str | None:
-    """'file.py:42' of the innermost frame in the user's code, or None when the error is not theirs."""
-    import sysconfig
-
-    library_dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    where = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        filename = (
-            str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
-        )
-        if filename.startswith(_OWN_DIRS) or any(filename.startswith(d) for d in library_dirs):
-            continue
-        if filename.startswith("<frozen"):
-            continue
-        where = f"{frame.filename}:{frame.lineno}"
-    return where
 
 
 def _resolve(fn_path: str):
@@ -165,12 +147,14 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
         try:
             if kind == "internal":
                 sys.stderr.write(tb)
+            else:
+                tb = user_traceback(exc)
             _write_json(
                 job_dir / protocol.ERROR_FILE,
                 {
                     "kind": kind,
                     "message": text,
-                    "traceback": tb[-4000:],
+                    "traceback": tb[-MAX_CHARS:],
                     "libraries": installed_imports(before),
                 },
             )

@@ -33,12 +33,12 @@ import importlib.machinery
 import site
 import sys
 import sysconfig
-import traceback
 from pathlib import Path
 from typing import Any
 
 from torch_skills.refpolicy import RULE, ReferenceRefused, refuse_by_name, refuse_object
 from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.tracebacks import user_location, user_traceback
 from torch_skills.userspec import CodeRef, CodeRefError
 
 _OWN_PACKAGE = Path(__file__).resolve().parents[1]
@@ -198,23 +198,10 @@ def locate_module(ref: CodeRef, roots: list[Path], what: str) -> None:
 
 
 # -- importing --------------------------------------------------------------------------------------
-def _user_line(exc: BaseException) -> str | None:
-    """'file.py:12' of the innermost frame outside the interpreter's import machinery and this tool."""
-    where = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        name = frame.filename
-        if name.startswith("<frozen") or Path(name).resolve().is_relative_to(_OWN_PACKAGE):
-            continue
-        where = f"{name}:{frame.lineno}"
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f"{exc.filename}:{exc.lineno}"
-    return where
-
-
 def import_failed(display: str, exc: BaseException) -> UserCodeError:
     """The UserCodeError for an import of `display` that raised `exc`: real error, line, next step."""
     first = f"{type(exc).__name__}: {exc}".splitlines()[0][:1500] if str(exc) else type(exc).__name__
-    where = _user_line(exc)
+    where = user_location(exc)
     text = f"importing {display} failed with {first}" + (f" (at {where})" if where else "")
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
@@ -225,8 +212,7 @@ def import_failed(display: str, exc: BaseException) -> UserCodeError:
         )
     else:
         text += ". Fix the import and call again"
-    tail = "".join(traceback.format_exception(exc)[-6:]).rstrip()
-    return UserCodeError("import_error", f"{text}.\n{tail}")
+    return UserCodeError("import_error", f"{text}.\n{user_traceback(exc, with_error=False)}")
 
 
 def _package_name_for(path: Path) -> tuple[str, Path] | None:

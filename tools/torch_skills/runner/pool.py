@@ -54,6 +54,22 @@ JOB_DIR_PREFIX = "torch-skills-job-"
 MEMORY_BUDGET_FRACTION = 0.8
 
 
+def no_torch_anywhere_message(python: str) -> str:
+    """The error every torch tool gives when no interpreter with torch was found: the one fix first.
+
+    The server's own environment has no torch by design (`pip install torch-skills` pulls none);
+    the tools run the user's code under the project's interpreter, which has it."""
+    return (
+        f"No Python with torch to run your code: the server's own interpreter ({python}) has no torch, "
+        f"and no project environment was found in {os.getcwd()} (.venv, venv, VIRTUAL_ENV, CONDA_PREFIX). "
+        "Fix: restart the server with `--python /path/to/your/project/.venv/bin/python` (the environment your "
+        "model code runs in; an environment folder works too), or start it in your project folder. "
+        "Without a project, install torch beside the server instead: `pip install 'torch-skills[torch]'` "
+        "(uvx: `uvx --from 'torch-skills[torch]' torch-skills`). route, the skills and the static checkpoint "
+        "scan work without torch."
+    )
+
+
 def physical_memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -281,10 +297,13 @@ class WorkerPool:
             self._process = None
             return
         if kind == "unusable":
-            self._startup_error = (
-                f"{event.get('message', 'the worker cannot run the tools')} "
-                f"(interpreter chosen: {self.python_source})"
-            )
+            if event.get("no_torch") and interpreter.same_environment(self.python, sys.executable):
+                self._startup_error = no_torch_anywhere_message(self.python)
+            else:
+                self._startup_error = (
+                    f"{event.get('message', 'the worker cannot run the tools')} "
+                    f"(interpreter chosen: {self.python_source})"
+                )
             self._ready.set()
             return
         pending = self._pending.get(event.get("job", ""))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from torch_skills.runner.codeimport import import_reference
 from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.tracebacks import user_location, user_traceback
 from torch_skills.userspec import ModelInputs
 
 _DTYPES = {
@@ -36,11 +36,6 @@ _DTYPES = {
     "int32": "int32",
     "bool": "bool",
 }
-
-
-def _short_traceback(exc: BaseException, limit: int = 6) -> str:
-    lines = traceback.format_exception(exc)
-    return "".join(lines[-limit:]).rstrip()
 
 
 @contextlib.contextmanager
@@ -57,9 +52,12 @@ def user_code(phase: str) -> Iterator[None]:
     except Exception as exc:
         if "can't allocate memory" in str(exc) or "out of memory" in str(exc):
             raise
+        where = user_location(exc)
         raise UserCodeError(
             "user_exception",
-            f"{phase} raised {type(exc).__name__}: {str(exc)[:1500]}\n{_short_traceback(exc)}",
+            f"{phase} raised {type(exc).__name__}: {str(exc)[:1500]}"
+            + (f" (at {where})" if where else "")
+            + f"\n{user_traceback(exc, with_error=False)}",
         ) from exc
 
 

@@ -266,6 +266,12 @@ def environment_problem() -> str | None:
     return None
 
 
+def _torch_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is None
+
+
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when the server that started it dies."""
     try:
@@ -327,7 +333,13 @@ def main(argv: list[str] | None = None) -> None:
 
     problem = environment_problem()
     if problem is not None:  # the server turns this into every call's error, with the next step
-        os.write(out_fd, protocol.encode({"event": "unusable", "message": problem, "python": sys.executable}))
+        missing_torch = _torch_missing()
+        os.write(
+            out_fd,
+            protocol.encode(
+                {"event": "unusable", "message": problem, "python": sys.executable, "no_torch": missing_torch}
+            ),
+        )
         return
     import torch
 
