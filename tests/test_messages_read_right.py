@@ -97,3 +97,27 @@ def test_the_demo_prints_whole_findings_wrapped_never_cut_mid_word():
     wrapped = _wrapped(message)
     assert " ".join(wrapped.split()) == message
     assert all(len(line) <= 100 for line in wrapped.splitlines())
+
+
+async def test_every_torch_tool_call_reports_progress_however_fast_it_ends(client: Client):
+    """A fast verify_checkpoint sends a notification every time, the first before any work starts.
+
+    (A notification that only follows the worker's first phase can race the result: the TypeScript
+    client drops progress that arrives after the response, and its tour saw none 1 run in 2.)"""
+    counts, first = [], []
+    for _ in range(5):
+        seen = []
+
+        async def record(progress: float, total: float | None, message: str | None, seen=seen) -> None:
+            seen.append((progress, message))
+
+        r = await client.call_tool(
+            "verify_checkpoint",
+            {"path": "evals/models/verify_checkpoint_nan.safetensors"},
+            progress_callback=record,
+        )
+        assert not r.is_error, r.content
+        counts.append(len(seen))
+        first.append(seen[0] if seen else None)
+    assert min(counts) >= 1, counts
+    assert all(f == (0.0, "verify_checkpoint: starting a worker process") for f in first), first

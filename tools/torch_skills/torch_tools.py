@@ -304,7 +304,9 @@ async def run_in_worker(
 
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
-        beat.status("starting a worker process")  # the pool says so when the call waits for a slot
+        # One notification at once, so every call reports progress however fast it ends (a client
+        # that asked for progress may treat a silent call as stuck); the pool says so when it waits.
+        await beat.phase(0, None, "starting a worker process")
         with anticipated_errors():
             job = await state.pool.run(
                 fn,
