@@ -622,3 +622,74 @@ def test_gradcheck_runs_two_forwards_per_input_element():
     assert torch.autograd.gradcheck(f, (x,))
     assert calls[0] >= 2 * x.numel()
     assert "two forwards per input element" in _ref("custom-autograd-functions", "testing-gradients.md")
+
+
+# -- issue 27: new material (data pipelines, GPU visibility, ONNX, LoRA) ---------------------------
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, n: int, shard: bool):
+        self.n, self.shard = n, shard
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if not self.shard or info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+@pytest.mark.parametrize(("shard", "copies"), [(False, 2), (True, 1)])
+def test_an_iterable_dataset_yields_every_sample_once_per_worker_unless_sharded(shard: bool, copies: int):
+    """Two workers without get_worker_info sharding: each sample twice; sharded: once."""
+    loader = torch.utils.data.DataLoader(_Stream(6, shard), batch_size=3, num_workers=2)
+    assert sorted(int(x) for b in loader for x in b) == sorted(list(range(6)) * copies)
+    text = _ref("performance-profiling", "data-pipeline-correctness.md")
+    assert "get_worker_info" in text and "/dev/shm" in text and "collate_fn" in text
+
+
+def test_a_cpu_wheel_has_no_cuda_version_no_architectures_and_no_gpu():
+    """What the GPU-visibility reference tells the reader to look for on a CPU wheel."""
+    assert torch.version.cuda is None and torch.version.hip is None
+    assert not torch.cuda.is_available() and not torch.backends.cuda.is_built()
+    assert torch.cuda.get_arch_list() == []
+    assert "`torch.version.cuda` is `None`" in (SKILLS / "debugging-techniques" / "SKILL.md").read_text()
+
+
+def test_the_wheel_table_matches_the_architectures_this_torch_release_lists():
+    """gpu-not-visible.md's table of compute capabilities is PYTORCH_RELEASES_CODE_CC for x86-64."""
+    from torch.cuda import PYTORCH_RELEASES_CODE_CC
+
+    text = _ref("debugging-techniques", "gpu-not-visible.md")
+    rows = re.findall(r"^\| (`cu126`|CUDA 12\.9 and 13\.x[^|]*) \| ([\d., ]+) \|", text, re.M)
+    listed = {label.split()[0]: {round(float(c) * 10) for c in caps.split(",")} for label, caps in rows}
+    x86 = {cuda: ccs["x86_64"] for cuda, ccs in PYTORCH_RELEASES_CODE_CC.items()}
+    assert listed["`cu126`"] == x86["12.6"]
+    assert all(listed["CUDA"] == x86[v] for v in ("12.9", "13.0", "13.2"))
+    assert 61 not in listed["CUDA"] and 120 not in listed["`cu126`"]  # Pascal only cu126; sm_120 never
+
+
+def test_onnx_export_defaults_to_the_dynamo_exporter_at_opset_20():
+    """torch.onnx.export(dynamo=True) is the default, dynamo_export is gone, the opset is as stated."""
+    from torch.onnx import _constants
+
+    assert inspect.signature(torch.onnx.export).parameters["dynamo"].default is True
+    assert not hasattr(torch.onnx, "dynamo_export")
+    text = _ref("performance-profiling", "export-and-inference.md")
+    assert f"The default opset is {_constants.ONNX_DEFAULT_OPSET} in 2.13" in text
+
+
+def test_reentrant_checkpoint_leaves_adapters_behind_a_frozen_input_without_gradients():
+    """The LoRA trap the OOM playbook warns about: use_reentrant=True, frozen input -> no grads."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    adapter = torch.nn.Linear(4, 4)
+    frozen_embedding_output = torch.randn(2, 4)  # requires_grad=False, as below a frozen embedding
+    for reentrant, expect_grad in ((True, False), (False, True)):
+        adapter.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "None of the inputs have requires_grad=True"
+            out = checkpoint(adapter, frozen_embedding_output, use_reentrant=reentrant)
+        if out.requires_grad:
+            out.sum().backward()
+        assert (adapter.weight.grad is not None) is expect_grad
+    assert "keep `use_reentrant=False`" in _ref("tensor-operations-and-memory", "oom-playbook.md")
