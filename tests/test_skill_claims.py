@@ -1,6 +1,6 @@
 """Factual claims the skills make about torch, checked against the installed torch on CPU.
 
-Each test pins one statement an expert review found wrong or misleading (issue 15), so a skill
+Each test pins one statement an expert review found wrong or misleading (issues 15 and 27), so a skill
 edit or a torch upgrade that makes it false again fails here. Run: pytest -q tests/test_skill_claims.py
 """
 
@@ -311,3 +311,385 @@ def test_the_fsdp2_dcp_round_trip_example_has_one_home():
         if all(s in b.code for s in ("get_state_dict(", "dcp.save(", "dcp.load("))
     ]
     assert len(homes) == 1 and "distributed-checkpoint.md" in homes[0], homes
+
+
+# == issue 27: the third review ===================================================================
+# CUDA-only facts, cited to the source they come from (no CPU test can show them):
+# - cuDNN SDPA first on sm90/sm100: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+#   check_prefer_cudnn_attention() (cuDNN >= 9.15.1, major 9 or 10, TORCH_CUDNN_SDPA_DEPRIORITIZED
+#   unset) and priority_order(), which then installs {cudnn, flash, efficient, math}.
+# - flash refuses is_causal with L != S: same file, check_flash_causal_non_square_seqlens().
+# - a misspelled PYTORCH_CUDA_ALLOC_CONF key raises on CUDA builds: c10/cuda/CUDAAllocatorConfig.cpp,
+#   CUDAAllocatorConfig::parseArgs, TORCH_CHECK_VALUE(... "Unrecognized key '", key,
+#   "' in CUDA allocator config.").
+# - float8 training saves high-precision tensors: torchao/float8/float8_linear.py,
+#   matmul_with_hp_or_float8_args.forward, ctx.save_for_backward(input_hp, weight_hp_t).
+# - Int4WeightOnlyConfig's default (version 2, "plain") needs mslk: torchao/quantization/
+#   quantize_/workflows/int4/int4_tensor.py, ImportError("Requires mslk >= 1.0.0").
+# - tensor cores for any size: cuBLAS 11+ no longer requires multiples of 8 (NVIDIA "Matrix
+#   Multiplication Background User's Guide", "Tensor Core Requirements"); alignment is speed.
+# - nsys --sample takes process-tree|system-wide|none (Nsight Systems user guide, CLI options).
+def _ref(skill: str, name: str) -> str:
+    return (SKILLS / skill / "references" / name).read_text()
+
+
+def _attention(*shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=gen) for s in shapes]
+
+
+def test_is_causal_is_top_left_aligned_so_a_decode_step_sees_only_key_zero():
+    """With one query and six keys, is_causal=True attends to key 0 alone: silently wrong for decoding."""
+    F = torch.nn.functional
+    q, k, v = _attention((1, 2, 1, 8), (1, 2, 6, 8), (1, 2, 6, 8))
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True), v[:, :, :1])
+    text = _ref("performance-profiling", "attention.md")
+    assert "is_causal=False" in text and "causal_lower_right" in text
+
+
+def test_causal_lower_right_gives_a_chunk_the_rows_of_full_causal_attention():
+    """For chunked prefill the bottom-right-aligned mask reproduces the last rows of full attention."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    F = torch.nn.functional
+    q, k, v = _attention((1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 6, 8))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    chunk = F.scaled_dot_product_attention(q[:, :, -3:], k, v, attn_mask=causal_lower_right(3, 6))
+    torch.testing.assert_close(chunk, full[:, :, -3:])
+
+
+def test_the_attention_reference_puts_cudnn_first_on_hopper_and_names_the_switch_back():
+    """cuDNN SDPA is the default first choice on sm90/sm100, not opt-in (see the citation above)."""
+    text = _ref("performance-profiling", "attention.md")
+    assert "cuDNN runs only when you ask for it" not in text
+    assert "TORCH_CUDNN_SDPA_DEPRIORITIZED=1" in text and "sm90, sm100" in text
+    assert hasattr(torch.nn.attention.SDPBackend, "CUDNN_ATTENTION")
+
+
+def test_int4_weight_only_is_never_shown_with_the_packing_that_needs_mslk():
+    """Every Int4WeightOnlyConfig in the skills names a packing PyTorch ships a kernel for, except
+    where the sentence quotes the bare call to say it fails without mslk."""
+    for path in _pack_text_files():
+        text = path.read_text()
+        for m in re.finditer(r"Int4WeightOnlyConfig\(([^)]*)\)", text):
+            warned = "mslk" in text[m.end() : m.end() + 120]
+            assert "int4_packing_format" in m.group(1) or warned, f"{path}: {m.group(0)} raises without mslk"
+    assert "Requires mslk >= 1.0.0" in _ref(
+        "mixed-precision-and-optimization", "quantization-and-low-memory-optimizers.md"
+    )
+
+
+def test_the_default_device_is_where_tensors_go_not_which_accelerator_exists():
+    """get_default_device is a setting (cpu until set); current_accelerator answers 'which GPU'."""
+    assert torch.get_default_device().type == "cpu"
+    torch.set_default_device("meta")
+    try:
+        assert torch.get_default_device().type == "meta" and torch.empty(1).is_meta
+    finally:
+        torch.set_default_device(None)
+    assert torch.accelerator.current_accelerator() is None  # this CPU-only wheel
+    text = _ref("tensor-operations-and-memory", "mps-and-rocm.md")
+    assert "give the same\nanswer" not in text and "not which accelerator exists" in text
+
+
+def test_the_device_block_reports_a_cpu_only_build_instead_of_cuda_none():
+    """The build string comes out 'CPU-only', never 'CUDA None', on a wheel without CUDA."""
+    import contextlib
+    import io
+
+    block = next(
+        b
+        for b in python_blocks([SKILLS / "tensor-operations-and-memory" / "references" / "mps-and-rocm.md"])
+        if "def build()" in b.code
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block.code, block.where, "exec"), {"__name__": "__main__"})
+    assert torch.version.cuda is None and "CPU-only" in out.getvalue() and "None" not in out.getvalue()
+
+
+def test_aot_eager_adds_no_decompositions_and_the_bisector_tries_decompositions_next():
+    """aot_eager passes no decomposition table; aot_eager_decomp_partition does, and the bisector
+    walks eager, aot_eager, aot_eager_decomp_partition, ..., inductor in that order."""
+    from torch._dynamo.backends import debugging
+    from torch._inductor.compiler_bisector import BACKENDS
+
+    assert "decompositions" not in inspect.getsource(debugging.aot_eager)
+    assert "decompositions" in inspect.getsource(debugging.aot_eager_decomp_partition)
+    order = list(BACKENDS)
+    assert order[:3] == ["eager", "aot_eager", "aot_eager_decomp_partition"] and order[-1] == "inductor"
+    text = _ref("debugging-techniques", "compiled-vs-eager.md")
+    assert "backward graphs and decompositions" not in text and "compiler_bisector" in text
+
+
+def test_float8_training_is_not_sold_as_an_activation_memory_saving():
+    """The table row says float8 training shrinks nothing (citation above)."""
+    text = _ref("mixed-precision-and-optimization", "quantization-and-low-memory-optimizers.md")
+    row = next(line for line in text.splitlines() if line.startswith("| float8 training"))
+    assert "saved in fp8" not in row and "nothing" in row
+
+
+def test_make_graphed_callables_refuses_autocast_with_its_cache_on():
+    """The check runs before any CUDA work, so the CPU build shows it; cache_enabled=False passes it."""
+    layer, sample = torch.nn.Linear(2, 2), (torch.randn(1, 2),)
+    torch.set_autocast_enabled("cuda", True)
+    try:
+        with pytest.raises(RuntimeError, match="does not support the autocast caching"):
+            torch.cuda.make_graphed_callables(layer, sample)
+        torch.set_autocast_cache_enabled(False)
+        with pytest.raises(RuntimeError) as past_the_check:  # fails later, for want of a GPU
+            torch.cuda.make_graphed_callables(layer, sample)
+        assert "autocast caching" not in str(past_the_check.value)
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+        torch.set_autocast_cache_enabled(True)
+    assert "cache_enabled=False" in _ref("performance-profiling", "cuda-graphs.md")
+
+
+def test_nsys_is_shown_with_a_sample_value_current_nsys_accepts():
+    """`--sample=cpu` appears only in the sentence that says it is no longer accepted."""
+    text = _ref("performance-profiling", "nvtx-and-nsys.md")
+    assert re.findall(r"--sample=(\S+)", text) == ["process-tree", "cpu`"]
+    assert "not accepted" in text
+
+
+def test_adafactor_in_torch_optim_keeps_no_first_moment_at_all():
+    """No beta1/momentum argument, and the state after a step holds no exp_avg."""
+    assert not {"beta1", "betas", "momentum"} & set(inspect.signature(torch.optim.Adafactor).parameters)
+    layer = torch.nn.Linear(4, 8, bias=False)
+    opt = torch.optim.Adafactor(layer.parameters())
+    layer(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert set(opt.state[layer.weight]) == {"step", "row_var", "col_var"}
+    text = _ref("mixed-precision-and-optimization", "quantization-and-low-memory-optimizers.md")
+    assert "no first moment by default" not in text
+
+
+def test_as_tensor_returns_the_tensor_itself_without_the_copy_construct_warning():
+    """torch.tensor(t) and t.new_tensor(t) warn; torch.as_tensor(t) is t, silently."""
+    import warnings
+
+    t = torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.as_tensor(t) is t
+    for copy in (torch.tensor, t.new_tensor):
+        with pytest.warns(UserWarning, match="copy construct"):
+            copy(t)
+    assert "`torch.as_tensor(t)` does not warn" in _ref("tensor-operations-and-memory", "views-and-copies.md")
+
+
+def test_dtype_methods_return_self_when_the_dtype_already_matches():
+    """.double() on float64 and .half() on float16 are no-ops, not copies."""
+    d, h = torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.float16)
+    assert d.double() is d and h.half() is h and d.float() is not d
+    text = _ref("tensor-operations-and-memory", "views-and-copies.md")
+    assert "return `self` when the dtype already matches" in text
+
+
+def _counting_backend():
+    compiles: list[list[tuple[int, ...]]] = []
+    calls: list[int] = []
+
+    def backend(gm, example_inputs):
+        compiles.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+
+        def run(*args):
+            calls.append(1)
+            return gm.forward(*args)
+
+        return run
+
+    return backend, compiles, calls
+
+
+def test_past_the_recompile_limit_only_inputs_no_entry_accepts_run_eagerly():
+    """A shape seen before still runs its compiled entry after the limit is hit."""
+    backend, compiles, calls = _counting_backend()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2, backend=backend, dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        f(torch.ones(2))
+        f(torch.ones(3))
+        f(torch.ones(4))  # a third shape: over the limit, runs eagerly
+        assert (len(compiles), len(calls)) == (2, 2)
+        f(torch.ones(2))  # the first entry's guards accept it: compiled
+        assert (len(compiles), len(calls)) == (2, 3)
+    torch._dynamo.reset()
+    text = _ref("mixed-precision-and-optimization", "torch-compile.md")
+    assert "it now runs eagerly" not in text and "silently runs eagerly" not in text
+
+
+def test_a_cache_grown_with_cat_recompiles_once_then_runs_dynamic():
+    """Automatic dynamic: six cache lengths cost two compiles, not six."""
+    backend, compiles, _ = _counting_backend()
+    torch._dynamo.reset()
+    step = torch.compile(lambda cache, new: torch.cat([cache, new], dim=1), backend=backend)
+    cache = torch.zeros(1, 1, 4)
+    for _ in range(6):
+        cache = step(cache, torch.ones(1, 1, 4))
+    assert cache.shape == (1, 7, 4) and len(compiles) == 2
+    torch._dynamo.reset()
+    assert "recompiles only once" in _ref("performance-profiling", "attention.md")
+
+
+def test_grad_scaler_is_enabled_under_bf16_too_and_scales_by_65536():
+    """GradScaler does not look at the autocast dtype: it scales a bf16-autocast loss all the same."""
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.Linear(4, 1)(torch.randn(2, 4)).float().sum()
+    assert scaler.is_enabled()
+    torch.testing.assert_close(scaler.scale(loss), loss * 65536.0)
+    assert (
+        "only active with fp16" not in (SKILLS / "checkpointing-and-reproducibility" / "SKILL.md").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "raises"), [((1, 4), True), ((1, 4, 1, 1), True), ((1, 4, 3, 3), False), ((2, 4), False)]
+)
+def test_batchnorm_raises_only_for_one_value_per_channel(shape: tuple[int, ...], raises: bool):
+    """Batch 1 alone is not the trigger: a batch of 1 image with a 3x3 map trains."""
+    bn = (torch.nn.BatchNorm1d if len(shape) == 2 else torch.nn.BatchNorm2d)(4).train()
+    if raises:
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            bn(torch.randn(*shape))
+    else:
+        bn(torch.randn(*shape))
+    assert (
+        "BatchNorm with one value per channel" in (SKILLS / "module-design-patterns" / "SKILL.md").read_text()
+    )
+
+
+def test_force_no_weights_only_load_changes_only_calls_that_do_not_choose(tmp_path: Path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD flips the default; an explicit weights_only=True still refuses."""
+    import operator
+
+    torch.save({"fn": operator.add}, tmp_path / "code.pt")  # a global weights_only refuses
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(tmp_path / "code.pt", weights_only=True)
+    with pytest.warns(UserWarning, match="forcing weights_only=False"):
+        assert torch.load(tmp_path / "code.pt")["fn"] is operator.add  # our own file: trusted
+    text = _ref("checkpointing-and-reproducibility", "safe-loading-and-formats.md")
+    assert "explicit `weights_only=True` still wins" in text
+
+
+def test_a_cpu_wheel_ignores_a_misspelled_allocator_key_and_the_skill_says_cuda_rejects_it():
+    """CPU: imports and allocates with the typo (CUDA's rejection is cited above)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.zeros(4).sum().item())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "0.0"
+    text = _ref("tensor-operations-and-memory", "caching-allocator.md")
+    assert "Unrecognized key 'expandable_segment' in CUDA allocator config." in text
+
+
+def test_the_profiling_skill_no_longer_says_multiples_of_8_switch_tensor_cores_on():
+    """Alignment is an efficiency matter on current cuBLAS (citation above)."""
+    assert "so\n  tensor cores engage" not in (SKILLS / "performance-profiling" / "SKILL.md").read_text()
+
+
+def test_no_skill_block_writes_through_dot_data():
+    """Blocks change parameters under torch.no_grad(), never through .data (autograd cannot see it)."""
+    offenders = [
+        b.where
+        for b in python_blocks([SKILLS])
+        for line in b.code.splitlines()
+        if re.search(r"\w\.data\.\w+_\(", line)
+    ]
+    assert not offenders, offenders
+
+
+def test_gradcheck_runs_two_forwards_per_input_element():
+    """Central differences: f(x + eps) and f(x - eps) for each element, plus the analytical pass."""
+    calls = [0]
+
+    def f(x):
+        calls[0] += 1
+        return x.sin()
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (x,))
+    assert calls[0] >= 2 * x.numel()
+    assert "two forwards per input element" in _ref("custom-autograd-functions", "testing-gradients.md")
+
+
+# -- issue 27: new material (data pipelines, GPU visibility, ONNX, LoRA) ---------------------------
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, n: int, shard: bool):
+        self.n, self.shard = n, shard
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if not self.shard or info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+@pytest.mark.parametrize(("shard", "copies"), [(False, 2), (True, 1)])
+def test_an_iterable_dataset_yields_every_sample_once_per_worker_unless_sharded(shard: bool, copies: int):
+    """Two workers without get_worker_info sharding: each sample twice; sharded: once."""
+    loader = torch.utils.data.DataLoader(_Stream(6, shard), batch_size=3, num_workers=2)
+    assert sorted(int(x) for b in loader for x in b) == sorted(list(range(6)) * copies)
+    text = _ref("performance-profiling", "data-pipeline-correctness.md")
+    assert "get_worker_info" in text and "/dev/shm" in text and "collate_fn" in text
+
+
+def test_a_cpu_wheel_has_no_cuda_version_no_architectures_and_no_gpu():
+    """What the GPU-visibility reference tells the reader to look for on a CPU wheel."""
+    assert torch.version.cuda is None and torch.version.hip is None
+    assert not torch.cuda.is_available() and not torch.backends.cuda.is_built()
+    assert torch.cuda.get_arch_list() == []
+    assert "`torch.version.cuda` is `None`" in (SKILLS / "debugging-techniques" / "SKILL.md").read_text()
+
+
+def test_the_wheel_table_matches_the_architectures_this_torch_release_lists():
+    """gpu-not-visible.md's table of compute capabilities is PYTORCH_RELEASES_CODE_CC for x86-64."""
+    from torch.cuda import PYTORCH_RELEASES_CODE_CC
+
+    text = _ref("debugging-techniques", "gpu-not-visible.md")
+    rows = re.findall(r"^\| (`cu126`|CUDA 12\.9 and 13\.x[^|]*) \| ([\d., ]+) \|", text, re.M)
+    listed = {label.split()[0]: {round(float(c) * 10) for c in caps.split(",")} for label, caps in rows}
+    x86 = {cuda: ccs["x86_64"] for cuda, ccs in PYTORCH_RELEASES_CODE_CC.items()}
+    assert listed["`cu126`"] == x86["12.6"]
+    assert all(listed["CUDA"] == x86[v] for v in ("12.9", "13.0", "13.2"))
+    assert 61 not in listed["CUDA"] and 120 not in listed["`cu126`"]  # Pascal only cu126; sm_120 never
+
+
+def test_onnx_export_defaults_to_the_dynamo_exporter_at_opset_20():
+    """torch.onnx.export(dynamo=True) is the default, dynamo_export is gone, the opset is as stated."""
+    from torch.onnx import _constants
+
+    assert inspect.signature(torch.onnx.export).parameters["dynamo"].default is True
+    assert not hasattr(torch.onnx, "dynamo_export")
+    text = _ref("performance-profiling", "export-and-inference.md")
+    assert f"The default opset is {_constants.ONNX_DEFAULT_OPSET} in 2.13" in text
+
+
+def test_reentrant_checkpoint_leaves_adapters_behind_a_frozen_input_without_gradients():
+    """The LoRA trap the OOM playbook warns about: use_reentrant=True, frozen input -> no grads."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    adapter = torch.nn.Linear(4, 4)
+    frozen_embedding_output = torch.randn(2, 4)  # requires_grad=False, as below a frozen embedding
+    for reentrant, expect_grad in ((True, False), (False, True)):
+        adapter.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "None of the inputs have requires_grad=True"
+            out = checkpoint(adapter, frozen_embedding_output, use_reentrant=reentrant)
+        if out.requires_grad:
+            out.sum().backward()
+        assert (adapter.weight.grad is not None) is expect_grad
+    assert "keep `use_reentrant=False`" in _ref("tensor-operations-and-memory", "oom-playbook.md")

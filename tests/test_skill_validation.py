@@ -151,3 +151,28 @@ def test_examples_for_a_skill_the_router_does_not_list_are_reported(pack_copy: P
     _drop_custom_autograd_route(pack_copy)
     found = _messages(pack_copy)
     assert any("routing-examples.md line" in m and "'custom-autograd-functions'" in m for m in found), found
+
+
+SPECIALIST_BODY_TOKENS = 5000  # chars / 4: a skill loaded into context stays small; details go to references/
+
+
+def _body(skill_md: Path) -> str:
+    """The SKILL.md text after its frontmatter."""
+    return skill_md.read_text(encoding="utf-8").split("---", 2)[2]
+
+
+@pytest.mark.parametrize(
+    "skill_md",
+    [
+        p
+        for p in sorted(DEFAULT_SKILLS_DIR.glob("*/SKILL.md"))
+        if p.parent.name != "using-pytorch-engineering"
+    ],
+    ids=lambda p: p.parent.name,
+)
+def test_each_specialist_skill_body_stays_under_5000_tokens(skill_md: Path):
+    """A specialist's SKILL.md body is under 5,000 tokens (counted as characters / 4)."""
+    tokens = len(_body(skill_md)) // 4
+    assert tokens < SPECIALIST_BODY_TOKENS, (
+        f"{skill_md.parent.name}/SKILL.md body is {tokens} tokens; move details into references/"
+    )
