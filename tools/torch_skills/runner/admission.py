@@ -118,7 +118,8 @@ def _transformers_owner(obj: Any) -> type | None:
     if not _is(obj, types.MethodType) or obj.__name__ not in ("from_config", "_from_config"):
         return None
     owner = obj.__self__
-    func_module = _static(obj.__func__, "__module__")
+    func = obj.__func__
+    func_module = func.__module__ if _is(func, types.FunctionType) else None
     if not _is_class(owner) or type(func_module) is not str or not func_module.startswith("transformers."):
         return None
     modeling = sys.modules.get("transformers.modeling_utils")
