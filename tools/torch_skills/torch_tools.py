@@ -281,6 +281,22 @@ def check_references(request: BaseModel, roots: AllowedRoots) -> None:
         check_model_kwargs(kwargs, roots.cwd, roots.all, factory)
 
 
+def names_project_code(request: BaseModel) -> bool:
+    """Whether the request names code (model, inputs, loss, data, function): only such a call starts
+    the project's interpreter; one that names only files runs under the server's own."""
+    return any(getattr(request, role, None) is not None for role in ROLES)
+
+
+def files_only_without_torch(tool: str) -> str:
+    return (
+        f"{tool} names only files, which are checked under the server's own Python, and that has no torch, so "
+        "nothing was loaded: the static scan, the tensor summary, the NaN/Inf count and the resume checks were "
+        "skipped. To run them, install torch into the server's environment, or pass model='path/to/file.py:build' "
+        "(runs under your project's interpreter), or restart the server with --python pointing at an "
+        "interpreter that has torch."
+    )
+
+
 async def run_in_worker(
     ctx: Context,
     fn: str,
@@ -316,11 +332,14 @@ async def run_in_worker(
     async def progress(done: float, total: float | None, message: str | None) -> None:
         await ctx.report_progress(done, total, wire_safe(message) if message is not None else None)
 
+    pool = state.pool if names_project_code(request) else state.own_pool
+    if pool is None:
+        raise ToolError(files_only_without_torch(label or fn))
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
         beat.status("starting a worker process")  # the pool says so when the call waits for a slot
         with anticipated_errors():
-            job = await state.pool.run(
+            job = await pool.run(
                 fn,
                 request,
                 timeout_s=timeout_s,
