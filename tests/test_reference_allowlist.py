@@ -269,3 +269,24 @@ async def test_the_real_gadgets_of_issue_21_are_refused_by_the_tools_and_nothing
         text = result.content[0].text
         assert result.is_error and "refused" in text and ALLOWED_TEXT in text, (model, text)
         assert marker is None or not marker.exists(), model
+
+
+def test_an_installed_package_inside_a_root_is_not_the_users_own_code(tmp_path: Path, monkeypatch):
+    """A .venv inside the project: a file reference into its site-packages gets the installed-package rule."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    site, markers = install_fake_gadgets(project)  # project/fake-env/site-packages, under the root
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        for name in ("main", "Config", "create_model"):
+            with pytest.raises(UserCodeError) as err:
+                import_reference(
+                    f"{site / DIST / '__init__.py'}:{name}", project, [project], "m", role="model"
+                )()
+            assert "refused" in err.value.message, err.value.message
+        with pytest.raises(UserCodeError):
+            import_reference(f"{site / DIST / 'export.py'}:load", project, [project], "m", role="inputs")
+        assert list(markers.iterdir()) == []
+    finally:
+        for mod in [m for m in sys.modules if m == DIST or m.startswith(DIST + ".")]:
+            del sys.modules[mod]

@@ -200,15 +200,32 @@ def _checked_call(
     return call
 
 
-def admit(obj: Any, ref: CodeRef, role: str, place: str, roots: Sequence[Path], cwd: Path) -> Any:
+def _own_code(file: Path, roots: list[Path], where: Callable[[Path, list[Path]], str] | None) -> bool:
+    if where is not None:
+        return where(file, roots) == "root"
+    return any(file.resolve().is_relative_to(r) for r in roots)
+
+
+def admit(
+    obj: Any,
+    ref: CodeRef,
+    role: str,
+    place: str,
+    roots: Sequence[Path],
+    cwd: Path,
+    *,
+    where: Callable[[Path, list[Path]], str] | None = None,
+) -> Any:
     """What may be called for `ref` in `role` (see the module docstring); ReferenceRefused otherwise.
 
     `place` is where the reference's own file lies: 'root' (a file or project package under an
-    allowed root) or 'third_party' (an installed distribution)."""
+    allowed root) or 'third_party' (an installed distribution). `where(file, roots)` says where a
+    file lies ('root', 'third_party', 'stdlib', ...; `codeimport.where_is`), so that an installed
+    package inside a root (a .venv in the project) never counts as the user's own code."""
     refuse_object(obj, ref)  # the second net, by identity
     if place == "root":
         file = defining_file(obj)
-        if file is not None and any(file.resolve().is_relative_to(r) for r in roots):
+        if file is not None and _own_code(file, list(roots), where):
             return obj  # the user's own code
     if role == "model":
         if _subclass(obj, _torch_base("Module")):

@@ -374,8 +374,13 @@ def import_reference(
                     f"the file {real} is outside the allowed roots ({shown}); restart the server with --allow DIR "
                     "or add the folder as a root in your MCP client.",
                 )
+            # a file under a root may still be an installed package's (a .venv inside the project)
+            place = "third_party" if where_is(real, roots) == "third_party" else "root"
+            if place == "third_party" and role != "model":
+                raise refused(
+                    ref, role, f"{real} belongs to an installed package, not the project's own code"
+                )
             module = import_file(real)
-            place = "root"
         else:
             place = locate_module(ref, roots, what)
             if place != "root" and role != "model" and not (role == "loss" and is_loss_class_reference(ref)):
@@ -395,7 +400,7 @@ def import_reference(
             raise UserCodeError(
                 "bad_request", f"`{ref.attr}` in {ref.display} is a {type(obj).__name__}, not a callable"
             )
-        obj = admit(obj, ref, role, place, roots, cwd)
+        obj = admit(obj, ref, role, place, roots, cwd, where=where_is)
     except ReferenceRefused as exc:
         raise UserCodeError("bad_request", str(exc)) from exc
     return obj
