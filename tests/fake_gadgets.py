@@ -119,3 +119,34 @@ def install_fake_gadgets(tmp_path: Path) -> tuple[Path, Path]:
     (info / "top_level.txt").write_text(f"{DIST}\n")
     (info / "RECORD").write_text("")
     return site, markers
+
+
+_TIMM_FACTORY = """
+import os
+import torch
+
+MARKERS = {markers!r}
+
+
+def create_model(model_name, pretrained=False, num_classes=10, **kwargs):
+    if pretrained:
+        open(os.path.join(MARKERS, "downloaded"), "w").write(model_name)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
+"""
+
+
+def install_fake_timm(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in `timm` distribution (timm.create_model defined in timm.models._factory, as in timm)
+    whose create_model leaves a file when asked for pretrained weights; returns (site, markers)."""
+    site = tmp_path / "fake-timm" / "site-packages"
+    markers = tmp_path / "timm-markers"
+    markers.mkdir(parents=True, exist_ok=True)
+    (site / "timm" / "models").mkdir(parents=True, exist_ok=True)
+    (site / "timm" / "__init__.py").write_text("from timm.models import create_model\n")
+    (site / "timm" / "models" / "__init__.py").write_text("from timm.models._factory import create_model\n")
+    (site / "timm" / "models" / "_factory.py").write_text(_TIMM_FACTORY.format(markers=str(markers)))
+    info = site / "timm-0.0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: timm\nVersion: 0.0.1\n")
+    (info / "top_level.txt").write_text("timm\n")
+    return site, markers

@@ -290,3 +290,80 @@ def test_an_installed_package_inside_a_root_is_not_the_users_own_code(tmp_path: 
     finally:
         for mod in [m for m in sys.modules if m == DIST or m.startswith(DIST + ".")]:
             del sys.modules[mod]
+
+
+def test_a_timm_style_listed_factory_runs_with_its_arguments_and_never_with_pretrained(
+    tmp_path: Path, monkeypatch
+):
+    """timm:create_model (a stand-in timm distribution) builds a model; pretrained=True is refused before the call."""
+    from tests.fake_gadgets import install_fake_timm
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    site, markers = install_fake_timm(tmp_path)
+    monkeypatch.syspath_prepend(str(site))
+    for mod in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    try:
+        create = import_reference("timm:create_model", project, [project], "m", role="model")
+        assert type(create(model_name="resnet18", num_classes=3)).__name__ == "Sequential"
+        with pytest.raises(ReferenceRefused, match="pretrained"):
+            create(model_name="resnet18", pretrained=True)
+        with pytest.raises(ReferenceRefused, match="checkpoint_path"):
+            create(model_name="resnet18", checkpoint_path=str(project / "w.pth"))
+        assert list(markers.iterdir()) == []
+    finally:
+        for mod in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
+            del sys.modules[mod]
+
+
+TOOLS = ("check_gradients", "estimate_memory", "profile_model", "verify_checkpoint")
+BERT = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 37, "vocab_size": 99}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hf_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project with the user's own factory and a checkpoint of the tiny BERT."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    root = tmp_path_factory.mktemp("hf")
+    (root / "m.py").write_text("import torch\n\ndef build(width=8):\n    return torch.nn.Linear(width, 2)\n")
+    config = transformers.BertConfig(**{k: v for k, v in BERT.items() if k != "model_type"})
+    torch.save(transformers.BertModel(config).state_dict(), root / "bert.pt")
+    torch.save(torch.nn.Linear(8, 2).state_dict(), root / "linear.pt")
+    return root
+
+
+@pytest.fixture(scope="module")
+async def hf_client(hf_project: Path) -> AsyncIterator[Client]:
+    async with entered_in_own_task(lambda: Client(build_server(allow=[hf_project]))) as c:
+        yield c
+
+
+@pytest.mark.slow  # transformers in the worker, four tools, two models: about a minute
+@pytest.mark.parametrize("tool", TOOLS)
+async def test_a_transformers_class_from_a_json_config_and_a_users_factory_work_through_every_tool(
+    hf_client: Client, hf_project: Path, tool: str
+):
+    """transformers:BertModel with {"config": {...}}, AutoModel.from_config and 'm.py:build' run in every tool."""
+    cases = [
+        ("transformers:BertModel", {"config": BERT}, [2, 8], "int64", "bert.pt"),
+        ("transformers:AutoModel.from_config", {"config": BERT}, [2, 8], "int64", "bert.pt"),
+        (f"{hf_project / 'm.py'}:build", {"width": 8}, [2, 8], "float32", "linear.pt"),
+    ]
+    for model, kwargs, shape, dtype, ckpt in cases:
+        args = {
+            "model": model,
+            "model_kwargs": kwargs,
+            "input_shape": shape,
+            "input_dtype": dtype,
+            "device": "cpu",
+        }
+        if tool == "verify_checkpoint":
+            args = {"model": model, "model_kwargs": kwargs, "path": str(hf_project / ckpt)}
+        if tool == "profile_model":
+            args |= {"warmup_steps": 1, "active_steps": 3}
+        result = await hf_client.call_tool(tool, args)
+        assert not result.is_error, (tool, model, result.content[0].text[:2000])
