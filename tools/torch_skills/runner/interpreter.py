@@ -69,15 +69,11 @@ class Interpreter:
 
     executable: Path
     source: str  # e.g. "--python", "VIRTUAL_ENV", ".venv in /home/me/proj", "the server's own"
+    found_in_folder: bool = False  # found by looking in the working directory, not named by the user
 
     @property
     def is_server(self) -> bool:
         return same_environment(self.executable, sys.executable)
-
-    @property
-    def found_in_folder(self) -> bool:
-        """Found by looking in the working directory (not named by --python or the environment)."""
-        return self.source.startswith(ENV_FOLDERS) and " in " in self.source
 
     def describe(self) -> str:
         return f"{self.executable} ({self.source})"
@@ -170,7 +166,9 @@ def find_interpreter(
         if env_dir is not None and not _is_server_env(env_dir):
             python = env_python(env_dir)
             assert python is not None
-            return Interpreter(python.absolute(), f"{env_dir.name} in {Path(directory).absolute()}")
+            return Interpreter(
+                python.absolute(), f"{env_dir.name} in {Path(directory).absolute()}", found_in_folder=True
+            )
     conda = environ.get("CONDA_PREFIX")
     if conda:
         env_dir = Path(conda)
