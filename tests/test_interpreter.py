@@ -51,7 +51,7 @@ def test_an_explicit_python_wins_over_everything(tmp_path: Path):
     python = _fake_env(tmp_path / "chosen")
     _fake_env(tmp_path / "proj" / ".venv")
     env = {"VIRTUAL_ENV": str(tmp_path / "proj" / ".venv")}
-    assert find_interpreter(str(python), project_dirs=[tmp_path / "proj"], environ=env).executable == python
+    assert find_interpreter(str(python), cwd=tmp_path / "proj", environ=env).executable == python
     assert find_interpreter(str(tmp_path / "chosen"), environ={}).executable == python
 
 
@@ -64,19 +64,18 @@ def test_a_python_that_does_not_exist_is_an_error_with_the_next_step(tmp_path: P
         find_interpreter(str(tmp_path / "empty"))
 
 
-def test_discovery_order_is_virtual_env_then_project_folders_then_conda(tmp_path: Path):
-    """VIRTUAL_ENV, then .venv/venv in the project dirs in order, then CONDA_PREFIX, then the server's."""
+def test_discovery_order_is_virtual_env_then_the_working_directory_then_conda(tmp_path: Path):
+    """VIRTUAL_ENV, then .venv/venv in the server's working directory, then CONDA_PREFIX, then the server's."""
     active = _fake_env(tmp_path / "active")
     proj_venv = _fake_env(tmp_path / "proj" / "venv")
-    client_venv = _fake_env(tmp_path / "client" / ".venv")
     conda = _fake_env(tmp_path / "conda", kind="conda")
-    dirs = [tmp_path / "proj", tmp_path / "client"]
+    cwd = tmp_path / "proj"
     both = {"VIRTUAL_ENV": str(tmp_path / "active"), "CONDA_PREFIX": str(tmp_path / "conda")}
-    assert find_interpreter(project_dirs=dirs, environ=both).executable == active
-    found = find_interpreter(project_dirs=dirs, environ={"CONDA_PREFIX": str(tmp_path / "conda")})
-    assert found.executable == proj_venv and found.source.startswith("venv in ")
-    assert find_interpreter(project_dirs=dirs[1:], environ={}).executable == client_venv
+    assert find_interpreter(cwd=cwd, environ=both).executable == active
+    found = find_interpreter(cwd=cwd, environ={"CONDA_PREFIX": str(tmp_path / "conda")})
+    assert found.executable == proj_venv and found.source.startswith("venv in ") and found.found_in_folder
     assert find_interpreter(environ={"CONDA_PREFIX": str(tmp_path / "conda")}).executable == conda
+    assert not find_interpreter(environ={"CONDA_PREFIX": str(tmp_path / "conda")}).found_in_folder
     assert find_interpreter(environ={}).is_server
 
 
@@ -84,7 +83,7 @@ def test_the_servers_own_environment_is_not_taken_for_the_users(tmp_path: Path):
     """VIRTUAL_ENV naming the server's own venv falls through to the project's .venv."""
     proj_venv = _fake_env(tmp_path / ".venv")
     env = {"VIRTUAL_ENV": sys.prefix}
-    assert find_interpreter(project_dirs=[tmp_path], environ=env).executable == proj_venv
+    assert find_interpreter(cwd=tmp_path, environ=env).executable == proj_venv
 
 
 def test_a_folder_without_an_environment_marker_is_not_an_environment(tmp_path: Path):
@@ -92,7 +91,7 @@ def test_a_folder_without_an_environment_marker_is_not_an_environment(tmp_path: 
     (tmp_path / "env" / "bin").mkdir(parents=True)
     (tmp_path / "env" / "bin" / "python").write_text("")
     (tmp_path / "env" / "bin" / "python").chmod(0o755)
-    assert find_interpreter(project_dirs=[tmp_path], environ={}).is_server
+    assert find_interpreter(cwd=tmp_path, environ={}).is_server
 
 
 def test_the_dependency_folder_holds_exactly_the_workers_dependencies(tmp_path: Path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import json
 import logging
@@ -196,9 +197,12 @@ def _wire_tool(tool: MCPTool) -> MCPTool:
 class ServerState:
     pack: SkillPack
     roots: AllowedRoots
-    pool: WorkerPool
+    pool: WorkerPool  # runs calls that name project code, under the project's interpreter
     memory_limit_bytes: int
     heartbeat_s: float = DEFAULT_HEARTBEAT_S  # longest silence during a torch-tool call, seconds
+    # Runs calls that name only files (verify_checkpoint without model) under the server's own
+    # interpreter; `pool` itself when that is the project's; None when the server has no torch.
+    own_pool: WorkerPool | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,27 +225,43 @@ def build_server(
     the TORCH_SKILLS_HEARTBEAT_S environment variable, else 5 s). `torch_tools`: the tools that
     run user code (default `TORCH_TOOLS`; tests add their own). `python` is the interpreter the
     user's code runs under (a path, or an environment folder); None finds it from VIRTUAL_ENV, a
-    .venv/venv in the working directory or an --allow root, or CONDA_PREFIX, else the server's own
-    (torch_skills.runner.interpreter). A bad path raises InterpreterError.
+    .venv/venv in the working directory (never an --allow root), or CONDA_PREFIX, else the server's
+    own (torch_skills.runner.interpreter). A bad path raises InterpreterError.
+
+    The project's interpreter starts only for a call that names project code (`model`, `inputs`,
+    `loss`, `data`, `function`); `prewarm` starts it early only when it was not found in a folder
+    (--python, the environment, or the server's own). A call that names only files runs under the
+    server's own interpreter, or from the static scan alone when that has no torch.
     """
     heartbeat = heartbeat_s if heartbeat_s is not None else _heartbeat_from_env()
     pack = SkillPack.load(skills_dir)
     roots = AllowedRoots(Path.cwd(), tuple(Path(p) for p in allow))
-    worker_python = find_interpreter(python, project_dirs=roots.all)
+    worker_python = find_interpreter(python, cwd=roots.cwd)
     log.info("user code runs under %s", worker_python.describe())
+    own_has_torch = server_has_torch()
     memory_limit = int(memory_limit_gib * 2**30) if memory_limit_gib else default_memory_limit_bytes(max_jobs)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[ServerState]:
-        async with WorkerPool(
-            max_concurrent=max_jobs,
-            preload=WORKER_PRELOAD,
-            python=str(worker_python.executable),
-            python_source=worker_python.source,
-        ) as pool:
-            if prewarm:
+        async with contextlib.AsyncExitStack() as stack:
+            pool = await stack.enter_async_context(
+                WorkerPool(
+                    max_concurrent=max_jobs,
+                    preload=WORKER_PRELOAD,
+                    python=str(worker_python.executable),
+                    python_source=worker_python.source,
+                )
+            )
+            own_pool: WorkerPool | None = pool
+            if not worker_python.is_server:
+                own_pool = None
+                if own_has_torch:
+                    own_pool = await stack.enter_async_context(
+                        WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD)
+                    )
+            if prewarm and not worker_python.found_in_folder:  # a detected one runs only when asked
                 pool.prewarm(delay_s=PREWARM_DELAY_S)
-            yield ServerState(pack, roots, pool, memory_limit, heartbeat_s=heartbeat)
+            yield ServerState(pack, roots, pool, memory_limit, heartbeat_s=heartbeat, own_pool=own_pool)
 
     mcp = TorchSkillsServer(
         "torch-skills",
@@ -260,6 +280,11 @@ def build_server(
     for tool in TORCH_TOOLS if torch_tools is None else torch_tools:
         register_torch_tool(mcp, tool)
     return mcp
+
+
+def server_has_torch() -> bool:
+    """Whether the server's own environment has torch: located by the import system, never imported."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def _heartbeat_from_env() -> float:

@@ -39,8 +39,8 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from torch_skills.heartbeat import Heartbeat
-from torch_skills.refpolicy import refuse_by_name
-from torch_skills.roots import PathNotAllowed
+from torch_skills.refpolicy import ROLES, check_model_kwargs, check_reference
+from torch_skills.roots import AllowedRoots, PathNotAllowed
 from torch_skills.runner.errors import WorkerError
 from torch_skills.skillpack.loader import SkillPathError, UnknownSkill
 from torch_skills.userspec import CodeRef, CodeRefError
@@ -233,9 +233,6 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
             request = tool.request.model_validate({k: v for k, v in given.items() if v is not None})
         except ValidationError as e:
             raise ToolError(explain_invalid_arguments(e, tool.name, _request_schema(tool.request))) from None
-        with anticipated_errors():
-            for ref in request.code_refs():  # type: ignore[attr-defined]
-                refuse_by_name(ref)  # before any worker starts; the worker checks files and identity
         result = await run_in_worker(
             ctx,
             tool.worker,
@@ -269,6 +266,37 @@ def register_torch_tool(mcp: MCPServer, tool: TorchTool) -> None:
     mcp.tool(name=tool.name, description=tool.description, annotations=tool.annotations)(tool_function(tool))
 
 
+def check_references(request: BaseModel, roots: AllowedRoots) -> None:
+    """The reference rule, before any worker starts (`torch_skills.refpolicy`): every code
+    reference the request names by its role, and model_kwargs (against the listed factory's entry
+    when `model` names one). The worker checks again after the import, before the call."""
+    factory = None
+    for role in ROLES:
+        value = getattr(request, role, None)
+        if isinstance(value, str):
+            found = check_reference(CodeRef.parse(value), role, cwd=roots.cwd)
+            factory = found if role == "model" else factory
+    kwargs = getattr(request, "model_kwargs", None)
+    if kwargs:
+        check_model_kwargs(kwargs, roots.cwd, roots.all, factory)
+
+
+def names_project_code(request: BaseModel) -> bool:
+    """Whether the request names code (model, inputs, loss, data, function): only such a call starts
+    the project's interpreter; one that names only files runs under the server's own."""
+    return any(getattr(request, role, None) is not None for role in ROLES)
+
+
+def files_only_without_torch(tool: str) -> str:
+    return (
+        f"{tool} names only files, which are checked under the server's own Python, and that has no torch, so "
+        "nothing was loaded: the static scan, the tensor summary, the NaN/Inf count and the resume checks were "
+        "skipped. To run them, install torch into the server's environment, or pass model='path/to/file.py:build' "
+        "(runs under your project's interpreter), or restart the server with --python pointing at an "
+        "interpreter that has torch."
+    )
+
+
 async def run_in_worker(
     ctx: Context,
     fn: str,
@@ -288,7 +316,8 @@ async def run_in_worker(
     reports, under the name `label`.
 
     Every path the request names must be in `check_paths`: they are checked here, before any code
-    runs, against the server's roots plus `client_roots` (from `client_roots_when_needed`).
+    runs, against the server's roots plus `client_roots` (from `client_roots_when_needed`), and so
+    are its code references and model_kwargs (`check_references`).
     Raises ToolError with the next step on failure.
     """
     state: ServerState = ctx.request_context.lifespan_context
@@ -298,17 +327,21 @@ async def run_in_worker(
     with anticipated_errors():
         for path in check_paths:
             roots.check(path)
+        check_references(request, roots)
 
     async def progress(done: float, total: float | None, message: str | None) -> None:
         await ctx.report_progress(done, total, wire_safe(message) if message is not None else None)
 
+    pool = state.pool if names_project_code(request) else state.own_pool
+    if pool is None:
+        raise ToolError(files_only_without_torch(label or fn))
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
         # One notification at once, so every call reports progress however fast it ends (a client
         # that asked for progress may treat a silent call as stuck); the pool says so when it waits.
         await beat.phase(0, None, "starting a worker process")
         with anticipated_errors():
-            job = await state.pool.run(
+            job = await pool.run(
                 fn,
                 request,
                 timeout_s=timeout_s,

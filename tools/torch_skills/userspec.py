@@ -5,7 +5,8 @@ tool's request. The worker side that actually imports and calls the code is
 `torch_skills.runner.usercode`.
 
 A reference is either `path/to/file.py:name` (a file, relative to the server's working directory)
-or `package.module:name` (an importable module). `name` may be dotted (`Net.from_config`).
+or `package.module:name` (an importable module). `name` may be dotted (`Net.from_config`). Which
+references may run is `torch_skills.refpolicy`'s rule.
 """
 
 from __future__ import annotations
@@ -95,11 +96,12 @@ class ModelInputs(BaseModel):
     """Which model to build and what to feed it: the fields every torch tool shares."""
 
     model: str = Field(
-        description="the model factory: 'path/to/file.py:build' or 'package.module:build'; "
-        "called with no arguments (plus model_kwargs) it returns an nn.Module"
+        description="'path/to/file.py:build' (your factory), an nn.Module class ('torch.nn:Linear') "
+        "or a listed factory ('timm:create_model')"
     )
     model_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="keyword arguments for the factory"
+        default_factory=dict,
+        description="keyword arguments for the factory",
     )
     inputs: str | None = Field(
         default=None,

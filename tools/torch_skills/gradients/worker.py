@@ -262,7 +262,7 @@ def check_function_request(request: GradientRequest, job: JobContext) -> Gradien
     device = resolve_device(job.device)
     job.progress(0, 2, "loading the function")
     with _timed(timings, "build_s"):
-        target = load_callable(request.function, job.cwd, job.allowed_roots, "the function")
+        target = load_callable(request.function, job.cwd, job.allowed_roots, "the function", role="function")
     if inspect.isclass(target) and issubclass(target, torch.autograd.Function):
         fn, kind = target.apply, "autograd.Function"
     elif inspect.isclass(target):

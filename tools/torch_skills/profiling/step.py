@@ -33,6 +33,7 @@ from torch_skills.runner.usercode import (
     call_model,
     describe_rule,
     load_callable,
+    load_loss,
     make_batch,
     rule_loss,
     split_batch,
@@ -237,7 +238,7 @@ def _make_loss(request: ProfileRequest, job) -> Callable[[Any, Any, Any], tuple[
     """loss(output, batch, target) -> (scalar, where it came from): the user's, else the batch rule's."""
     if request.loss is None:
         return lambda output, _batch, target: rule_loss(output, target)
-    fn = load_callable(request.loss, job.cwd, job.allowed_roots, "the loss function")
+    fn = load_loss(request.loss, job.cwd, job.allowed_roots)
     how = f"user loss {request.loss}"
 
     def loss(output: Any, batch: Any, _target: Any) -> tuple[torch.Tensor, str]:
@@ -256,7 +257,7 @@ def _make_source(request: ProfileRequest, job, device: torch.device, dtype) -> B
     if request.data is None:
         batch = make_batch(request, job.cwd, job.allowed_roots, device)
         return BatchSource(fixed=cast_floats(batch, dtype), device=device, dtype=dtype)
-    factory = load_callable(request.data, job.cwd, job.allowed_roots, "the data loader factory")
+    factory = load_callable(request.data, job.cwd, job.allowed_roots, "the data loader factory", role="data")
     with user_code(f"calling the data loader factory {request.data}"):
         iterable = factory()
     if not hasattr(iterable, "__iter__"):

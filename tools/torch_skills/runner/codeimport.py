@@ -15,8 +15,11 @@ One import path for every tool:
   is located by walking the import system's finders, not imported), and every file on the way
   must lie under an allowed root or in an installed third-party distribution (site-packages,
   dist-packages); the standard library, the interpreter's built-in and frozen modules and this
-  tool's own package are refused; denied names (`torch_skills.refpolicy`) are refused first;
-- after the import and before anything is called, the object is checked again by identity;
+  tool's own package are refused; denied names (`torch_skills.denylist`) are refused first; a
+  reference that is not `model` must lie under a root (a torch.nn loss class aside) before it is
+  imported;
+- after the import and before anything is called, the object is admitted by the allow-list
+  (`torch_skills.runner.admission`: the user's own code, an nn.Module subclass, a listed factory);
 - an import that fails raises `UserCodeError("import_error")` with the real exception, the line of
   the user's file where it happened and a short traceback; a missing dependency also names the
   interpreter that ran and what to install. Nothing half-imported stays in sys.modules.
@@ -36,7 +39,9 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from torch_skills.refpolicy import RULE, ReferenceRefused, refuse_by_name, refuse_object
+from torch_skills.denylist import RULE, ReferenceRefused, refuse_by_name
+from torch_skills.refpolicy import is_loss_class_reference, refused
+from torch_skills.runner.admission import admit
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.tracebacks import user_location, user_traceback
 from torch_skills.userspec import CodeRef, CodeRefError
@@ -149,11 +154,14 @@ def _find_spec(fullname: str, path: list[str] | None) -> importlib.machinery.Mod
     return None
 
 
-def locate_module(ref: CodeRef, roots: list[Path], what: str) -> None:
-    """Check every file importing `ref.module` would run (parents first); raise if one is refused."""
+def locate_module(ref: CodeRef, roots: list[Path], what: str) -> str:
+    """Check every file importing `ref.module` would run (parents first); raise if one is refused.
+
+    Returns where the module itself lies: 'root' or 'third_party'."""
     assert ref.module is not None
     parts = ref.module.split(".")
     path: list[str] | None = None
+    place = "outside"
     for i in range(len(parts)):
         fullname = ".".join(parts[: i + 1])
         try:
@@ -186,15 +194,16 @@ def locate_module(ref: CodeRef, roots: list[Path], what: str) -> None:
                 "write a factory in a file of your project and pass 'path/to/file.py:build'",
             )
         if origin is not None and spec.has_location:
-            check_file_location(Path(origin), ref, roots, what)
+            place = check_file_location(Path(origin), ref, roots, what)
         elif spec.submodule_search_locations:  # a namespace package: its folders must be allowed too
-            for folder in spec.submodule_search_locations:
-                check_file_location(Path(folder), ref, roots, what)
+            places = {check_file_location(Path(f), ref, roots, what) for f in spec.submodule_search_locations}
+            place = "root" if places == {"root"} else "third_party"
         path = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
         if path is None and i < len(parts) - 1:
             raise UserCodeError(
                 "bad_request", f"{fullname!r} is a module, not a package: {ref.module!r} cannot be imported"
             )
+    return place
 
 
 # -- importing --------------------------------------------------------------------------------------
@@ -315,8 +324,11 @@ def _not_found(ref: CodeRef, module: Any, missing: str) -> UserCodeError:
     )
 
 
-def import_reference(reference: str, cwd: Path, roots: list[Path], what: str = "callable") -> Any:
-    """The callable `reference` names, after every check of the rule; see the module docstring."""
+def import_reference(
+    reference: str, cwd: Path, roots: list[Path], what: str = "callable", *, role: str = "inputs"
+) -> Any:
+    """What may be called for `reference` in `role` ('model', 'inputs', 'loss', 'data', 'function'),
+    after every check of the rule (`torch_skills.refpolicy`); see the module docstring."""
     try:
         ref = CodeRef.parse(reference)
         refuse_by_name(ref)
@@ -348,9 +360,19 @@ def import_reference(reference: str, cwd: Path, roots: list[Path], what: str = "
                     f"the file {real} is outside the allowed roots ({shown}); restart the server with --allow DIR "
                     "or add the folder as a root in your MCP client.",
                 )
+            # a file under a root may still be an installed package's (a .venv inside the project)
+            place = "third_party" if where_is(real, roots) == "third_party" else "root"
+            if place == "third_party" and role != "model":
+                raise refused(
+                    ref, role, f"{real} belongs to an installed package, not the project's own code"
+                )
             module = import_file(real)
         else:
-            locate_module(ref, roots, what)
+            place = locate_module(ref, roots, what)
+            if place != "root" and role != "model" and not (role == "loss" and is_loss_class_reference(ref)):
+                raise refused(
+                    ref, role, f"{ref.module!r} is an installed package, not the project's own code"
+                )
             module = import_module(ref)
         obj: Any = module
         for part in ref.attr.split("."):
@@ -360,11 +382,11 @@ def import_reference(reference: str, cwd: Path, roots: list[Path], what: str = "
                 raise _not_found(ref, module, part) from None
             except Exception as exc:  # noqa: BLE001 - a module __getattr__ of the user's
                 raise import_failed(f"{ref.display}:{ref.attr}", exc) from exc
-        refuse_object(obj, ref)
+        if not callable(obj):
+            raise UserCodeError(
+                "bad_request", f"`{ref.attr}` in {ref.display} is a {type(obj).__name__}, not a callable"
+            )
+        obj = admit(obj, ref, role, place, roots, cwd, where=where_is)
     except ReferenceRefused as exc:
         raise UserCodeError("bad_request", str(exc)) from exc
-    if not callable(obj):
-        raise UserCodeError(
-            "bad_request", f"`{ref.attr}` in {ref.display} is a {type(obj).__name__}, not a callable"
-        )
     return obj

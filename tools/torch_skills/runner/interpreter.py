@@ -2,15 +2,21 @@
 
 Use it when building the server:
 
-    interp = find_interpreter(explicit=args.python, project_dirs=[Path.cwd(), *allow])
-    pool = WorkerPool(python=str(interp.executable), worker_path=worker_dependency_dir(...))
+    interp = find_interpreter(explicit=args.python, cwd=Path.cwd())
+    pool = WorkerPool(python=str(interp.executable), python_source=interp.source)
 
 The order is: `--python PATH` (an interpreter, or an environment folder holding bin/python),
-then `VIRTUAL_ENV`, then a `.venv`, `venv`, `.conda` or `env` environment folder in a project
-directory (the server's working directory first, then each `--allow` root, in
-order), then `CONDA_PREFIX`, then the server's own interpreter. An environment that *is* the
-server's own is not a finding: it falls through to the next rule, so the answer says where the
-user's code really comes from.
+then `VIRTUAL_ENV`, then a `.venv`, `venv`, `.conda` or `env` environment folder in the server's
+working directory, then `CONDA_PREFIX`, then the server's own interpreter. An environment that
+*is* the server's own is not a finding: it falls through to the next rule, so the answer says
+where the user's code really comes from.
+
+Detection only reads the file system (a pyvenv.cfg or conda-meta beside an executable bin/python);
+it never runs a candidate. It looks only in the working directory the user started the server in,
+never in `--allow` folders or client roots, which may be downloaded model folders carrying an
+interpreter of their own. An interpreter found in a folder (`Interpreter.found_in_folder`) is not
+started before a call that names project code (the server does not prewarm it); the path reported
+as `run.python` is the one chosen here, as found on disk, never a resolved link.
 
 The worker imports nothing of the server's environment but pydantic and its pure dependencies
 (its result models; see `WORKER_DEPENDENCIES`). When the worker runs under another interpreter,
@@ -32,7 +38,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +69,7 @@ class Interpreter:
 
     executable: Path
     source: str  # e.g. "--python", "VIRTUAL_ENV", ".venv in /home/me/proj", "the server's own"
+    found_in_folder: bool = False  # found by looking in the working directory, not named by the user
 
     @property
     def is_server(self) -> bool:
@@ -138,7 +145,7 @@ def project_environment(directory: Path) -> Path | None:
 def find_interpreter(
     explicit: str | None = None,
     *,
-    project_dirs: Sequence[Path] = (),
+    cwd: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Interpreter:
     """The interpreter for the worker, by the order in the module docstring.
@@ -154,12 +161,14 @@ def find_interpreter(
         python = env_python(env_dir)
         if python is not None and not _is_server_env(env_dir):
             return Interpreter(python.absolute(), f"VIRTUAL_ENV={active}")
-    for directory in project_dirs:
+    for directory in [cwd] if cwd is not None else []:
         env_dir = project_environment(Path(directory))
         if env_dir is not None and not _is_server_env(env_dir):
             python = env_python(env_dir)
             assert python is not None
-            return Interpreter(python.absolute(), f"{env_dir.name} in {Path(directory).absolute()}")
+            return Interpreter(
+                python.absolute(), f"{env_dir.name} in {Path(directory).absolute()}", found_in_folder=True
+            )
     conda = environ.get("CONDA_PREFIX")
     if conda:
         env_dir = Path(conda)

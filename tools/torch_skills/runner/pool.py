@@ -582,7 +582,7 @@ class WorkerPool:
                 output_bytes=int(exit_info.get("output_bytes", 0)),
                 output_truncated=bool(exit_info.get("output_truncated", False)),
                 peak_rss_bytes=int(exit_info.get("peak_rss_bytes", 0)),
-                python=str(self._info.get("python") or self.python),
+                python=self.python,  # the interpreter chosen, as found on disk (not a resolved link)
             )
         if error_path.exists():
             error = json.loads(error_path.read_text())

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_skills.refpolicy import ReferenceRefused, check_model_kwargs
 from torch_skills.runner.codeimport import import_reference
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.tracebacks import user_location, user_traceback
@@ -61,10 +62,43 @@ def user_code(phase: str) -> Iterator[None]:
         ) from exc
 
 
-def load_callable(reference: str, cwd: Path, roots: list[Path], what: str = "callable") -> Any:
-    """Import the object a `file.py:name` / `pkg.mod:name` reference names, after the reference rule's
-    checks (`torch_skills.runner.codeimport`: one import path for every tool)."""
-    return import_reference(reference, cwd, roots, what)
+def load_callable(
+    reference: str, cwd: Path, roots: list[Path], what: str = "callable", *, role: str = "inputs"
+) -> Any:
+    """What may be called for a `file.py:name` / `pkg.mod:name` reference in `role` ('model',
+    'inputs', 'loss', 'data', 'function'), after the reference rule's checks
+    (`torch_skills.runner.codeimport`: one import path for every tool)."""
+    return import_reference(reference, cwd, roots, what, role=role)
+
+
+def load_loss(reference: str, cwd: Path, roots: list[Path]) -> Any:
+    """loss_fn(output, batch) for a `loss` reference: the user's function, or a torch.nn loss class
+    ('torch.nn:CrossEntropyLoss') built with no arguments and called on (the output's main tensor,
+    the batch's target: its last element, or its 'labels')."""
+    fn = load_callable(reference, cwd, roots, "the loss function", role="loss")
+    if not (isinstance(fn, type) and fn.__module__.startswith("torch.nn.")):
+        return fn  # the user's own function (or class), called as loss_fn(output, batch)
+    with user_code(f"building the loss {reference}"):
+        criterion = fn()
+
+    def loss(output: Any, batch: Any) -> Any:
+        if isinstance(batch, dict):
+            target = next(
+                (batch[k] for k in ("labels", "label", "target", "targets", "y") if k in batch), None
+            )
+        elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+            target = batch[-1]
+        else:
+            target = None
+        if target is None:
+            raise UserCodeError(
+                "bad_request",
+                f"{reference} needs a target, but the batch has none (a tuple's last element, or 'labels' in a "
+                "dict); return (inputs, target) from inputs, or pass loss='file.py:loss_fn'",
+            )
+        return criterion(_main_tensor(output), target)
+
+    return loss
 
 
 def _accepts(fn: Any, name: str) -> bool:
@@ -95,7 +129,11 @@ def build_model(
     """Call the user's factory and check it returns an nn.Module."""
     import torch
 
-    factory = load_callable(spec.model, cwd, roots, "the model factory")
+    factory = load_callable(spec.model, cwd, roots, "the model factory", role="model")
+    try:
+        check_model_kwargs(spec.model_kwargs, cwd, roots)  # again here: the server checked them too
+    except ReferenceRefused as exc:
+        raise UserCodeError("bad_request", str(exc)) from exc
     with user_code(f"calling the model factory {spec.model}"):
         model = factory(**spec.model_kwargs)
     if not isinstance(model, torch.nn.Module):
@@ -320,7 +358,7 @@ def compute_loss(
 
     if spec.loss is None:
         return rule_loss(output, split_batch(model, batch).target if model is not None else None)
-    loss_fn = load_callable(spec.loss, cwd, roots, "the loss function")
+    loss_fn = load_loss(spec.loss, cwd, roots)
     with user_code(f"calling the loss function {spec.loss}"):
         loss = loss_fn(output, batch)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
