@@ -432,17 +432,15 @@ class _Machine:
         risk = risk_of(qualified)
         if module.split(".", 1)[0] in TORCH_BLOCKLISTED_MODULES:
             reason = (
-                f"{qualified} reaches the operating system; torch's weights_only loader blocks module "
-                f"{module.split('.', 1)[0]} even when allowlisted"
+                "it reaches the operating system; torch's weights_only loader blocks its module even when "
+                "allowlisted"
             )
         elif risk == "code_execution":
-            reason = f"{qualified} can run code or reach the system when the file is loaded"
+            reason = "it can run code or reach the system when the file is loaded"
         elif risk == "data":
-            reason = f"{qualified} is a plain data class; this scan's policy does not allow it"
+            reason = "a plain data class; this scan's policy does not allow it"
         else:
-            reason = (
-                f"{qualified} is not in the weights_only allowlist; torch.load(weights_only=True) refuses it"
-            )
+            reason = "it is not in the weights_only allowlist; torch.load(weights_only=True) refuses it"
         entry = self._unsafe(
             UnsafeRef(
                 self.source,

@@ -19,6 +19,7 @@ import torch
 
 from torch_skills.checkpoint.allowlist import Policy
 from torch_skills.checkpoint.contents import find_nonfinite, summarize_tensors
+from torch_skills.checkpoint.filetext import wire_safe_result
 from torch_skills.checkpoint.fit import FitReport, compare_state_dicts
 from torch_skills.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
 from torch_skills.checkpoint.modelkeys import model_keys
@@ -296,7 +297,8 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
     torch.set_num_threads(min(2, torch.get_num_threads()))
     path = _resolve_path(request.path, job)
     job.progress(0, 4, "static scan (nothing is loaded yet)")
-    scan = scan_path(path, Policy(numpy=request.allow_numpy, data_classes=request.allow_data_classes))
+    policy = Policy(numpy=request.allow_numpy, data_classes=request.allow_data_classes)
+    scan = scan_path(path, policy, allowed_roots=job.allowed_roots)
     facts = _static_facts(scan, request.max_listed)
     loaded: LoadedCheckpoint | None = None
     load_error = None
@@ -306,6 +308,7 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
             loaded = load_checkpoint(scan)
         except CheckpointLoadError as e:
             load_error = str(e)
+            _not_safe(facts, "unsafe", "loader_refused", path.name, f"{LOADER_REFUSED}: {load_error}")
         if loaded is not None and loaded.problems:
             facts["safe"] = False
             facts["verdict"] = "unsafe"
@@ -332,6 +335,7 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
             load_error = (
                 f"corrupt/unreadable tensor data while counting NaN/Inf: {type(e).__name__}: {str(e)[:400]}"
             )
+            _not_safe(facts, "corrupt", "tensor_data_unreadable", path.name, load_error)
     key_mismatch = None
     run_result = None
     model_params = None
@@ -396,4 +400,20 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
     result.findings = build_findings(result) + extra
     result.summary = build_summary(result)
     job.progress(4, 4, "done")
-    return result
+    return VerifyCheckpointResult.model_validate(wire_safe_result(result.model_dump()))
+
+
+LOADER_REFUSED = (
+    "the static scan found nothing unsafe, but the format's own loader refused the file: the scan and the "
+    "loader read it differently, or it is damaged; it is not called safe"
+)
+
+
+def _not_safe(facts: dict[str, Any], verdict: str, code: str, source: str, message: str) -> None:
+    """Turn a safe static verdict into `verdict` because loading the file failed."""
+    facts["safe"] = False
+    facts["verdict"] = verdict
+    facts["allowlist_recipe"] = None
+    facts["problems"].append(
+        FileProblem(code=code, source=source, message=message, severity="error", blocks_safe=True)
+    )
