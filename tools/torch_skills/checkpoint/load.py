@@ -30,6 +30,7 @@ import io
 import json
 import mmap
 import pickle
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from torch_skills.checkpoint.problems import Problem
 from torch_skills.checkpoint.safetensors_format import DTYPE_BYTES, SafeTensorEntry, SafetensorsHeader
 from torch_skills.checkpoint.scan import FileScan, StaticScan
 from torch_skills.checkpoint.tree import TensorMeta
+from torch_skills.checkpoint.zip_scan import read_raw_member
 
 MAX_BYTES_ITEM = 64 << 20  # a DCP bytes item (counters, param_group values) larger than this is skipped
 MAX_JSON_BYTES = 16 << 20
@@ -52,6 +54,18 @@ MAX_JSON_BYTES = 16 << 20
 
 class CheckpointLoadError(Exception):
     """The format's own loader refused a file the scan called safe."""
+
+
+def _loader_message(e: BaseException, limit: int) -> str:
+    """The loader's reason, without torch's advice to retry with weights_only=False (never right for a
+    file the tool could not verify): from a weights_only refusal only the unpickler's own error is kept."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text[text.index(marker) :]
+    elif "weights_only" in text and "False" in text:
+        text = re.sub(r"[^.\n]*weights_only[^.\n]*False[^.\n]*(\.|$)", "", text).strip()
+    return text[:limit]
 
 
 @dataclass
@@ -176,7 +190,7 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
                 " The file may not fit the worker's memory limit: call again with a larger memory_limit_gib."
             )
         raise CheckpointLoadError(
-            f"torch.load(weights_only=True) refused {path.name}: {str(e)[:800]}{hint}"
+            f"torch.load(weights_only=True) refused {path.name}: {_loader_message(e, 800)}{hint}"
         ) from None
 
 
@@ -243,7 +257,7 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
                 obj = _AllowlistUnpickler(f, _allowed_objects(numpy_pairs)).load()
         except Exception as e:
             raise CheckpointLoadError(
-                f"the allowlist unpickler refused {file.name}: {str(e)[:800]}"
+                f"the allowlist unpickler refused {file.name}: {_loader_message(e, 800)}"
             ) from None
         return obj, "pickle.Unpickler restricted to the weights_only allowlist"
     if file.format == "numpy":
@@ -272,33 +286,32 @@ def _load_numpy(file: FileScan) -> Any:
         return np.load(file.path, allow_pickle=False, mmap_mode="r")
     except Exception as e:  # corrupt data the header did not reveal
         raise CheckpointLoadError(
-            f"numpy.load(allow_pickle=False) refused {file.name}: {str(e)[:400]}"
+            f"numpy.load(allow_pickle=False) refused {file.name}: {_loader_message(e, 400)}"
         ) from None
 
 
 def _load_nested_archives(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> dict[str, Any]:
-    """Members of a zip (torch.export's .pt2) that are torch archives, each through weights_only."""
-    import zipfile
+    """Members of a zip (torch.export's .pt2) that are torch archives, each through weights_only.
 
+    Members are read the way torch's own zip reader reads them (zip_scan.read_raw_member: local
+    header offsets, no CRC or local-name check), which is also how the scan read them."""
+    assert file.zip is not None
     out: dict[str, Any] = {}
-    with zipfile.ZipFile(file.path) as z:
-        for info in z.infolist():
-            if info.file_size > MAX_BYTES_ITEM or info.is_dir():
+    with open(file.path, "rb") as f:
+        for member in file.zip.members:
+            if member.bytes > MAX_BYTES_ITEM or member.name.endswith("/"):
                 continue
-            with z.open(info) as member:
-                if member.read(4) != b"PK\x03\x04":
-                    continue
-            data = z.read(info)
             try:
+                if read_raw_member(f, member, 4) != b"PK\x03\x04":
+                    continue
+                data = read_raw_member(f, member, member.bytes)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     with torch.serialization.safe_globals(numpy_pairs):
-                        out[info.filename] = torch.load(
-                            io.BytesIO(data), map_location="cpu", weights_only=True
-                        )
+                        out[member.name] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             except Exception as e:
                 raise CheckpointLoadError(
-                    f"torch.load(weights_only=True) refused {file.name}::{info.filename}: {str(e)[:400]}"
+                    f"torch.load(weights_only=True) refused {file.name}::{member.name}: {_loader_message(e, 400)}"
                 ) from None
     return out
 
@@ -385,7 +398,7 @@ def load_dcp(root: Path, md: DcpMetadata) -> dict:
                     value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             except Exception as e:
                 raise CheckpointLoadError(
-                    f"DCP bytes item {fqn}: torch.load(weights_only=True) refused it: {e}"
+                    f"DCP bytes item {fqn}: torch.load(weights_only=True) refused it: {_loader_message(e, 800)}"
                 ) from None
         _set_path(tree, md.paths.get(fqn, tuple(fqn.split("."))), value)
     return _lists_from_int_keys(tree)

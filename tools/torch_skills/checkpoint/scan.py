@@ -47,7 +47,7 @@ from torch_skills.checkpoint.blob_scan import (
 )
 from torch_skills.checkpoint.confine import Confinement
 from torch_skills.checkpoint.dcp_format import DcpScan, scan_dcp_dir
-from torch_skills.checkpoint.npy_format import read_npy_header
+from torch_skills.checkpoint.npy_format import header_problem, read_npy_header
 from torch_skills.checkpoint.pickle_scan import PickleScan, ScanLimits, UnsafeRef, scan_pickle
 from torch_skills.checkpoint.problems import Problem
 from torch_skills.checkpoint.safetensors_format import (
@@ -282,9 +282,15 @@ def _scan_file(
     if kind == "tar":
         with open(path, "rb") as f:
             t = scan_tar(f, name, ctx)
-        return FileScan(
-            path, name, "legacy_tar" if t.torch_legacy else "archive", size, t.pickles, t.problems
-        )
+            head = f.seek(0) or f.read(512)
+        pickles = list(t.pickles)
+        if head[257:262] != b"ustar" and size <= ctx.max_blob_bytes:
+            # an old v7 header: torch.load opens it as a tar, pickle.load reads its name field as a pickle
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                as_pickle = scan_pickle(data, f"{name} (read as a pickle)", policy, limits, nested=nested)
+            if as_pickle.unsafe_total:
+                pickles.append(as_pickle)
+        return FileScan(path, name, "legacy_tar" if t.torch_legacy else "archive", size, pickles, t.problems)
     if kind.startswith("unscanned:"):
         return FileScan(path, name, "archive", size, problems=[unscanned_problem(kind, name)])
     if kind == "npy":
@@ -358,8 +364,7 @@ def _scan_npy_file(path: Path, name: str, size: int, ctx: ScanContext) -> FileSc
         head = f.read((1 << 20) + 16)
     header = read_npy_header(head)
     if not header.ok:
-        problem = Problem("corrupt_npy", name, f"corrupt/unreadable .npy header: {header.problem}")
-        return FileScan(path, name, "numpy", size, problems=[problem])
+        return FileScan(path, name, "numpy", size, problems=[header_problem(header, name)])
     if not header.has_object:
         problems = []
         if header.nbytes is not None and size - header.data_offset < header.nbytes:

@@ -306,8 +306,10 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
         job.progress(1, 4, "loading the safe checkpoint")
         try:
             loaded = load_checkpoint(scan)
-        except CheckpointLoadError as e:
-            load_error = str(e)
+        except Exception as e:  # noqa: BLE001 - any refusal by the loader: the file is not called safe
+            load_error = (
+                str(e) if isinstance(e, CheckpointLoadError) else f"{type(e).__name__}: {str(e)[:800]}"
+            )
             _not_safe(facts, "unsafe", "loader_refused", path.name, f"{LOADER_REFUSED}: {load_error}")
         if loaded is not None and loaded.problems:
             facts["safe"] = False
