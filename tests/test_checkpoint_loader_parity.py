@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -21,30 +20,26 @@ import torch
 from tests.checkpoint_support import scratch_dir
 from tests.fixtures.checkpoint_corpus import dcp_save
 from tests.fixtures.checkpoint_models import TinyNet
+from tests.fixtures.container_payloads import (
+    OBJECT_SPELLINGS,
+    PAYLOAD,
+    break_crc,
+    npy_bytes,
+    rename_local,
+    tar_bytes,
+    torch_zip,
+    v7_member,
+)
 from torch_skills.checkpoint.scan import scan_path
 from torch_skills.checkpoint.verdict import overall_verdict
 
 # posix.system("true") called, protocol 2, written by hand
-PAYLOAD = b"\x80\x02cposix\nsystem\nX\x04\x00\x00\x00true\x85R."
 
 
 def verdict_and_globals(path: Path) -> tuple[str, set[str], set[str]]:
     scan = scan_path(path)
     codes = {p.code for p in scan.problems_all()}
     return overall_verdict(scan), {u.qualified for u in scan.unsafe()}, codes
-
-
-def npy_bytes(descr, version: tuple[int, int] = (1, 0), shape: str = "(1,)") -> bytes:
-    """A .npy header naming `descr`, then PAYLOAD where an object array's pickle goes."""
-    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape}, }}"
-    size_format = "<H" if version[0] == 1 else "<I"
-    start = 8 + struct.calcsize(size_format)
-    header = text.encode("utf-8" if version[0] == 3 else "latin-1")
-    header += b" " * (-(start + len(header) + 1) % 64) + b"\n"
-    return b"\x93NUMPY" + bytes(version) + struct.pack(size_format, len(header)) + header + PAYLOAD
-
-
-OBJECT_SPELLINGS = ["object", "f4,O", "(2,)O", "2O", "T", [("a", "object")], [("a", "<f4"), ("b", "O", (2,))]]
 
 
 @pytest.mark.parametrize("descr", OBJECT_SPELLINGS, ids=str)
@@ -103,49 +98,11 @@ def test_a_plain_numpy_array_stays_safe(tmp_path):
 
 
 # -- torch zips read as torch's zip reader reads them ---------------------------------------------
-def _torch_zip(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for name, data in members.items():
-            z.writestr(name, data)
-    return buf.getvalue()
-
-
-def _break_crc(data: bytes, name: bytes) -> bytes:
-    """Zero the CRC of member `name` in its local header and in the central directory."""
-    out = bytearray(data)
-    local = out.find(b"PK\x03\x04")
-    while local >= 0:
-        name_len = struct.unpack_from("<H", out, local + 26)[0]
-        if out[local + 30 : local + 30 + name_len] == name:
-            out[local + 14 : local + 18] = b"\0\0\0\0"
-        local = out.find(b"PK\x03\x04", local + 4)
-    central = out.find(b"PK\x01\x02")
-    while central >= 0:
-        name_len = struct.unpack_from("<H", out, central + 28)[0]
-        if out[central + 46 : central + 46 + name_len] == name:
-            out[central + 16 : central + 20] = b"\0\0\0\0"
-        central = out.find(b"PK\x01\x02", central + 4)
-    return bytes(out)
-
-
-def _rename_local(data: bytes, old: bytes, new: bytes) -> bytes:
-    """Give member `old` a different name (same length) in its local header only."""
-    assert len(old) == len(new)
-    at = data.find(b"PK\x03\x04")
-    while at >= 0:
-        name_len = struct.unpack_from("<H", data, at + 26)[0]
-        if data[at + 30 : at + 30 + name_len] == old:
-            return data[: at + 30] + new + data[at + 30 + name_len :]
-        at = data.find(b"PK\x03\x04", at + 4)
-    raise AssertionError("member not found")
-
-
 def test_an_upper_case_data_pkl_with_a_bad_crc_is_scanned_as_torch_reads_it(tmp_path):
     """torch finds DATA.PKL for data.pkl and checks no CRC: the scan reads the same bytes."""
-    raw = _torch_zip({"archive/DATA.PKL": PAYLOAD, "archive/version": b"3\n"})
+    raw = torch_zip({"archive/DATA.PKL": PAYLOAD, "archive/version": b"3\n"})
     path = tmp_path / "m.pt"
-    path.write_bytes(_break_crc(raw, b"archive/DATA.PKL"))
+    path.write_bytes(break_crc(raw, b"archive/DATA.PKL"))
     assert bytes(torch._C.PyTorchFileReader(str(path)).get_record("data.pkl")) == PAYLOAD
     verdict, names, codes = verdict_and_globals(path)
     assert verdict == "unsafe" and "posix.system" in names and "unreadable_file" not in codes
@@ -153,9 +110,9 @@ def test_an_upper_case_data_pkl_with_a_bad_crc_is_scanned_as_torch_reads_it(tmp_
 
 def test_a_data_pkl_whose_local_header_names_another_file_is_scanned(tmp_path):
     """Python's zipfile refuses the member; torch reads it; the scan reads it as torch does."""
-    raw = _torch_zip({"archive/data.pkl": PAYLOAD, "archive/version": b"3\n"})
+    raw = torch_zip({"archive/data.pkl": PAYLOAD, "archive/version": b"3\n"})
     path = tmp_path / "m.pt"
-    path.write_bytes(_rename_local(raw, b"archive/data.pkl", b"archive/xata.pkl"))
+    path.write_bytes(rename_local(raw, b"archive/data.pkl", b"archive/xata.pkl"))
     assert bytes(torch._C.PyTorchFileReader(str(path)).get_record("data.pkl")) == PAYLOAD
     verdict, names, codes = verdict_and_globals(path)
     assert verdict == "unsafe" and "posix.system" in names and "zip_local_name_mismatch" in codes
@@ -163,7 +120,7 @@ def test_a_data_pkl_whose_local_header_names_another_file_is_scanned(tmp_path):
 
 def test_a_pt2_constant_with_a_mismatched_local_name_is_scanned(tmp_path):
     """A pickled .pt2 constant behind a local header naming another file is still found."""
-    raw = _torch_zip(
+    raw = torch_zip(
         {
             "archive/archive_format": b"pt2",
             "archive/data/constants/tensor_constant_0": PAYLOAD,
@@ -172,7 +129,7 @@ def test_a_pt2_constant_with_a_mismatched_local_name_is_scanned(tmp_path):
     )
     path = tmp_path / "m.pt2"
     path.write_bytes(
-        _rename_local(
+        rename_local(
             raw, b"archive/data/constants/tensor_constant_0", b"archive/data/constants/tensor_constant_9"
         )
     )
@@ -199,9 +156,7 @@ def test_a_dcp_bytes_item_that_is_an_upper_case_bad_crc_zip_is_unsafe(tmp_path):
     """DCP's default planner torch.loads bytes items with weights_only=False: that zip is scanned too."""
     folder = tmp_path / "ckpt"
     dcp_save({"model": TinyNet().state_dict(), "epoch": 3}, folder)
-    item = _break_crc(
-        _torch_zip({"archive/DATA.PKL": PAYLOAD, "archive/version": b"3\n"}), b"archive/DATA.PKL"
-    )
+    item = break_crc(torch_zip({"archive/DATA.PKL": PAYLOAD, "archive/version": b"3\n"}), b"archive/DATA.PKL")
     md = pickle.loads((folder / ".metadata").read_bytes())  # our own benign metadata, re-pointed
     for index, info in md.storage_data.items():
         if index.fqn == "epoch":
@@ -218,22 +173,12 @@ def test_a_dcp_bytes_item_that_is_an_upper_case_bad_crc_zip_is_unsafe(tmp_path):
 
 
 # -- tar archives as torch's legacy loader opens them --------------------------------------------
-def _tar(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def test_a_pre_0_4_tar_with_an_extra_member_is_still_the_legacy_format(tmp_path):
     """torch extracts 'storages' by name whatever else is there: the payload in its second pickle counts."""
     storages = pickle.dumps(1, protocol=2) + PAYLOAD
     path = tmp_path / "old.pt"
     path.write_bytes(
-        _tar(
+        tar_bytes(
             {"sys_info": b"N.", "pickle": b"N.", "storages": storages, "tensors": b"K\x00.", "README": b"hi"}
         )
     )
@@ -241,23 +186,9 @@ def test_a_pre_0_4_tar_with_an_extra_member_is_still_the_legacy_format(tmp_path)
     assert verdict == "unsafe" and "legacy_tar_format" in codes
 
 
-def _v7_member(name: bytes, data: bytes) -> bytes:
-    """A tar member with an old (pre-POSIX) header: no ustar magic."""
-    header = bytearray(512)
-    header[: len(name)] = name
-    header[100:108] = b"0000644\0"
-    header[108:124] = b"0000000\0" * 2
-    header[124:136] = b"%011o\0" % len(data)
-    header[136:148] = b"00000000000\0"
-    header[148:156] = b" " * 8
-    header[156:157] = b"0"
-    header[148:156] = b"%06o\0 " % sum(header)
-    return bytes(header) + data + b"\0" * (-len(data) % 512)
-
-
-def test_a_v7_tar_whose_first_name_is_a_pickle_is_read_as_a_tar(tmp_path):
+def test_a_v7_tar_whose_first_name_is_a_pickle_is_read_as_atar_bytes(tmp_path):
     """The first 100 bytes parse as a harmless pickle, but tarfile (and torch.load) open it as a tar."""
-    raw = _v7_member(b"N.", b"x") + _v7_member(b"storages", PAYLOAD) + b"\0" * 1024
+    raw = v7_member(b"N.", b"x") + v7_member(b"storages", PAYLOAD) + b"\0" * 1024
     path = tmp_path / "old.pt"
     path.write_bytes(raw)
     with tarfile.open(path, mode="r:") as tar:

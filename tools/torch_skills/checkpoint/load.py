@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from torch_skills.checkpoint.allowlist import NUMPY_DATA
+from torch_skills.checkpoint.allowlist import JOBLIB_ARRAYS, NUMPY_DATA
+from torch_skills.checkpoint.blob_scan import COMPRESSED, decompress, kind_of
 from torch_skills.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
 from torch_skills.checkpoint.pickle_scan import map_python2_name
 from torch_skills.checkpoint.problems import Problem
@@ -50,6 +51,7 @@ from torch_skills.checkpoint.zip_scan import read_raw_member
 
 MAX_BYTES_ITEM = 64 << 20  # a DCP bytes item (counters, param_group values) larger than this is skipped
 MAX_JSON_BYTES = 16 << 20
+MAX_DECOMPRESSED = 1 << 30  # a compressed pickle (joblib) is inflated at most this far to load it
 
 
 class CheckpointLoadError(Exception):
@@ -133,6 +135,72 @@ class _AllowlistUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(
             "a plain pickle with persistent ids (torch storages) cannot be read alone"
         )
+
+
+class _JoblibArray:
+    """Stands in for joblib's NumpyArrayWrapper: BUILD fills its __dict__ (shape, order, dtype...)."""
+
+    def read(self, f: Any, allowed: dict[str, Any]) -> Any:
+        """The array joblib.load would build: the bytes after the wrapper, read as joblib reads them."""
+        import numpy as np
+
+        dtype, shape = self.__dict__.get("dtype"), tuple(self.__dict__.get("shape", ()))
+        if not isinstance(dtype, np.dtype):
+            raise pickle.UnpicklingError("a joblib array wrapper without a numpy dtype")
+        if dtype.hasobject:  # joblib unpickles the array right there: with the same allowlist
+            return _JoblibAwareUnpickler(f, allowed).load()
+        if self.__dict__.get("numpy_array_alignment_bytes") is not None:
+            padding = f.read(1)
+            f.read(padding[0] if padding else 0)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        data = f.read(count * dtype.itemsize)
+        array = np.frombuffer(data, dtype=dtype, count=count)
+        if self.__dict__.get("order") == "F":
+            return array.reshape(shape[::-1]).transpose()
+        return array.reshape(shape)
+
+
+class _JoblibAwareUnpickler(pickle._Unpickler):
+    """The allowlist unpickler in pure Python, reading joblib's raw array bytes after each wrapper's
+    BUILD the way joblib.load does (a file written by joblib.dump is not a plain pickle)."""
+
+    dispatch = pickle._Unpickler.dispatch.copy()
+
+    def __init__(self, f: Any, allowed: dict[str, Any]):
+        super().__init__(f)
+        self._raw, self._allowed = f, allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        module, name = map_python2_name(module, name)
+        qualified = f"{module}.{name}"
+        if qualified in JOBLIB_ARRAYS:
+            return _JoblibArray
+        if qualified not in self._allowed:
+            raise pickle.UnpicklingError(f"{qualified} is not allowlisted")
+        return self._allowed[qualified]
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError(
+            "a plain pickle with persistent ids (torch storages) cannot be read alone"
+        )
+
+    def _load_build(self) -> None:
+        pickle._Unpickler.load_build(self)
+        if isinstance(self.stack[-1], _JoblibArray):
+            self.stack[-1] = self.stack[-1].read(self._raw, self._allowed)
+
+    dispatch[pickle.BUILD[0]] = _load_build
+
+
+def _pickle_stream(file: FileScan) -> Any:
+    """The file as a readable stream of pickle bytes: decompressed (bounded) when it is a zlib, gzip,
+    bz2, xz or lzma stream (joblib's compressed files), else the file itself."""
+    with open(file.path, "rb") as f:
+        head = f.read(512)
+    kind = kind_of(head)
+    if kind in COMPRESSED.values() or kind == "zlib":
+        return io.BytesIO(decompress(kind, file.path.read_bytes(), MAX_DECOMPRESSED))
+    return open(file.path, "rb")  # noqa: SIM115 - the caller closes it
 
 
 def cross_check_zip(file: FileScan) -> list[Problem]:
@@ -252,9 +320,11 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
             file.path, numpy_pairs, mmap=False
         ), "torch.load(weights_only=True) (legacy format)"
     if file.format == "pickle":
+        joblib = any(tier == "joblib" for p in file.pickles for tier in p.globals_used.values())
+        reader = _JoblibAwareUnpickler if joblib else _AllowlistUnpickler
         try:
-            with open(file.path, "rb") as f:
-                obj = _AllowlistUnpickler(f, _allowed_objects(numpy_pairs)).load()
+            with _pickle_stream(file) as f:
+                obj = reader(f, _allowed_objects(numpy_pairs)).load()
         except Exception as e:
             raise CheckpointLoadError(
                 f"the allowlist unpickler refused {file.name}: {_loader_message(e, 800)}"

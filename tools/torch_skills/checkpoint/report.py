@@ -234,8 +234,29 @@ def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
     return out
 
 
-def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
-    out = _unsafe_findings(r)
+RESAVE = (
+    "    model = torch.load(path, weights_only=False)  # only for a file you made yourself\n"
+    '    torch.save(model.state_dict(), "weights.pt")  # then load_state_dict(torch.load("weights.pt"))'
+)
+
+
+def _own_classes_finding(own: list[str]) -> Finding:
+    return Finding(
+        severity="warning",
+        code="own_classes_only",
+        message=(
+            f"a whole pickled model: besides torch's own layer classes it references only classes defined in "
+            f"files under your roots ({'; '.join(own[:6])}), which is what torch.save(model) writes. Loading it "
+            "imports and runs those classes' code, so torch.load(weights_only=False) is only for a file you made "
+            "yourself, never one you were sent or downloaded. Re-save it once as a state_dict:\n" + RESAVE
+        ),
+        skill=SKILL,
+    )
+
+
+def build_findings(r: VerifyCheckpointResult, own_classes: list[str] | None = None) -> list[Finding]:
+    """Findings of `r`; `own_classes` (worker.own_classes) replaces the unsafe-global wording."""
+    out = [_own_classes_finding(own_classes)] if own_classes else _unsafe_findings(r)
     for i, p in enumerate(r.problems):
         advice = _problem_advice(p.code, p.blocks_safe, p.code in CORRUPT_CODES)
         out.append(
@@ -341,7 +362,13 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
     return out
 
 
-def build_summary(r: VerifyCheckpointResult) -> str:
+def build_summary(r: VerifyCheckpointResult, own_classes: list[str] | None = None) -> str:
+    if own_classes:
+        return (
+            f"A whole pickled model of your own classes ({len(own_classes)}) and torch layers, not loaded: loading "
+            "runs their code. weights_only=False is only for a file you made; re-save it as a state_dict "
+            "(finding own_classes_only)."
+        )
     if not r.safe:
         names = sorted({n for u in r.unsafe_globals if (n := shown_global(u.qualified))})
         unnamed = len({u.qualified for u in r.unsafe_globals if not shown_global(u.qualified)})

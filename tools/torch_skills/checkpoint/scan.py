@@ -264,12 +264,14 @@ def _scan_file(
             fmt = "archive"
         result = FileScan(path, name, fmt, size, zscan.pickles, list(zscan.problems), zip=zscan)
         if zscan.is_torchscript:
+            shown = ", ".join(zscan.code_files[:8]) + (" ..." if len(zscan.code_files) > 8 else "")
             result.problems.append(
                 Problem(
                     "torchscript_archive",
                     name,
-                    "a TorchScript archive: torch.jit.load compiles and runs its code/, and "
-                    "torch.load(weights_only=True) refuses it; load it only from a trusted source",
+                    f"a TorchScript archive: torch.jit.load compiles and runs its code ({len(zscan.code_files)} "
+                    f"files: {shown or 'none listed'}), and torch.load(weights_only=True) refuses it; load it only "
+                    "from a trusted source, or re-export its weights with torch.jit.load(...).state_dict() there",
                 )
             )
         return result

@@ -399,10 +399,60 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
                 skill=SKILL,
             )
         )
-    result.findings = build_findings(result) + extra
-    result.summary = build_summary(result)
+    own = own_classes(scan, _import_roots(path, [*job.allowed_roots, job.cwd])) if not result.safe else None
+    result.findings = build_findings(result, own) + extra
+    result.summary = build_summary(result, own)
     job.progress(4, 4, "done")
     return VerifyCheckpointResult.model_validate(wire_safe_result(result.model_dump()))
+
+
+_TORCH_CONTAINERS = ("torch.nn.modules.", "torch.nn.parameter.", "torch.nn.utils.parametrize.")
+
+
+def _module_file(module: str, roots: list[Path]) -> Path | None:
+    """The .py file under one of `roots` that `import module` would find there, else None (nothing imported)."""
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    for root in roots:
+        base = Path(root).joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _import_roots(path: Path, roots: list[Path]) -> list[Path]:
+    """Where the user's modules may live: the roots, and the checkpoint's folder with each of its
+    parents up to the root holding it (a training script usually sits beside or above its output)."""
+    found = [Path(r) for r in roots]
+    folder = path if path.is_dir() else path.parent
+    for parent in [folder, *folder.parents]:
+        if not any(parent.is_relative_to(r) for r in found[: len(roots)]):
+            break
+        found.append(parent)
+    return found
+
+
+def own_classes(scan: StaticScan, roots: list[Path]) -> list[str] | None:
+    """The user's own classes when every unsafe global of the scan is one (a module file under the
+    roots) or a torch.nn container/layer class or a plain builtin type, with no other problem: what
+    torch.save(model) of the user's model writes. None otherwise (a real payload keeps its wording)."""
+    unsafe = scan.unsafe()
+    if not unsafe or scan.unsafe_total() != len(unsafe) or any(p.blocks_safe for p in scan.problems_all()):
+        return None
+    own: set[str] = set()
+    for u in unsafe:
+        q = u.qualified
+        if q is None or u.risk == "code_execution" or u.module is None:
+            return None
+        if q.startswith(_TORCH_CONTAINERS) or (u.module == "builtins" and "." not in (u.name or ".")):
+            continue
+        path = _module_file(u.module, roots)
+        if path is None or not (u.name or "").replace(".", "").isidentifier():
+            return None
+        own.add(f"{q} ({path})")
+    return sorted(own) or None
 
 
 LOADER_REFUSED = (

@@ -30,6 +30,7 @@ Known limitations: a TorchScript archive's code/ is reported, not analysed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -84,6 +85,7 @@ class ZipScan:
     pickles: list[PickleScan] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     by_info: dict[int, ZipMember] = field(default_factory=dict)  # id(ZipInfo) -> where its bytes are
+    code_files: list[str] = field(default_factory=list)  # a TorchScript archive's code/*.py (not pickles)
 
     def find(self, name: str) -> str | None:
         """The member torch's reader returns for `name`: matched without regard to letter case."""
@@ -494,6 +496,9 @@ def _scan_open_zip(
     by_name = {i.filename: i for i in infos}
     constants = f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl"
     scan.is_torchscript = scan.find(constants) is not None
+    if scan.is_torchscript:  # its pickles name its compiled classes: see Policy.torchscript
+        ctx = dataclasses.replace(ctx, policy=dataclasses.replace(ctx.policy, torchscript=True))
+        policy = ctx.policy
     scanned: set[int] = set()
     declared = sum(i.file_size for i in infos if i.filename not in scan.refused_members)
     if declared > limits.max_total_bytes:
@@ -536,7 +541,15 @@ def _scan_open_zip(
                 "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
                 blocks_safe=False,
             )
+    code_dir = f"{scan.prefix}/code/".lower() if scan.prefix else "code/"
     for info in infos:
+        if (
+            scan.is_torchscript
+            and info.filename.lower().startswith(code_dir)
+            and info.filename.endswith(".py")
+        ):
+            scan.code_files.append(info.filename)  # TorchScript source torch.jit.load compiles: code
+            continue
         if (
             id(info) in scanned
             or info.filename in scan.storage_members
