@@ -253,6 +253,23 @@ def _dict_items(value: Any) -> dict[str, Any]:
     return {k: v for k, v in zip(items[::2], items[1::2], strict=False) if type(k) is str}
 
 
+def _plain_fields(fields: Any) -> bool:
+    """True when a record dtype's fields dict (short, fully kept) holds only plain scalar dtypes."""
+    if not isinstance(fields, _Box) or fields.kind != "dict" or not fields.items:
+        return False
+    for value in fields.items[1::2]:
+        parts = value.items if isinstance(value, _Box) and value.kind == "tuple" else None
+        dtype = parts[0] if parts else None
+        args = dtype.args.items if isinstance(dtype, _Made) and isinstance(dtype.args, _Box) else None
+        descr = args[0] if args else None
+        if type(descr) is not str or descr.lstrip("<>|=!")[:1] not in tuple("biufcMmUS?"):
+            return False
+        state = dtype.state.items if isinstance(dtype.state, _Box) and dtype.state.items else []
+        if len(state) > 7 and (type(state[7]) is not int or state[7] & 1 or state[3] is not None):
+            return False
+    return True
+
+
 def _joblib_item(descr: str, state: Any) -> tuple[bool, int | None]:
     """(holds objects, item size) of the numpy dtype `numpy.dtype(descr)` rebuilt with BUILD `state`
     (version, byte order, subarray, names, fields, elsize, alignment, flags): flexible types ('U5'
@@ -265,8 +282,13 @@ def _joblib_item(descr: str, state: Any) -> tuple[bool, int | None]:
     kind = descr.lstrip("<>|=!")[:1]
     if kind == "O" or (type(flags) is int and flags & 1):  # NPY_ITEM_HASOBJECT
         return True, None
-    if names is not None or fields is not None or (len(items) > 2 and items[2] is not None):
-        return False, None  # structured or subarray without objects: not followed
+    if len(items) > 2 and items[2] is not None:
+        return False, None  # a subarray dtype: not followed
+    if names is not None or fields is not None:
+        # a record dtype: raw bytes only when every field is a plain scalar (numpy takes hasobject from
+        # the state's flags, older versions from the fields: both must say "no objects")
+        plain = _plain_fields(fields)
+        return False, (elsize if plain and type(elsize) is int and elsize >= 0 else None)
     if kind in ("U", "S", "V"):
         return False, elsize if type(elsize) is int and elsize >= 0 else None
     if kind not in tuple("biufcMm?"):
