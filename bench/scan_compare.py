@@ -13,6 +13,7 @@ fickling and modelscan, known bypasses, and benign files written by torch, numpy
 transformers, accelerate and DCP when installed) plus bench/parity_corpus.py (containers a naive
 reader reads differently from their loader: object dtypes spelled other ways, torch zips read as
 torch's miniz reader reads them, DCP items, .pt2 members, legacy and v7 tars, joblib arrays).
+Bypasses described in public reports (bench/published_bypasses.py) are tallied apart.
 A malicious sample counts as detected when the scanner does not call it safe: ours, when the
 verdict is unsafe or corrupt; picklescan, when it reports a dangerous global; fickling, when
 `is_likely_safe` is false (or it fails); modelscan, when it lists an issue; modelaudit, when it
@@ -43,6 +44,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import server  # noqa: E402,F401  (registers torch_skills from this clone)
 from bench.parity_corpus import build_parity_corpus  # noqa: E402
 from bench.public_corpus import build_public_corpus  # noqa: E402
+from bench.published_bypasses import build_published_bypasses  # noqa: E402
 from tests.fixtures.checkpoint_corpus import build_corpus  # noqa: E402
 
 PEERS = ("picklescan", "fickling", "modelscan", "modelaudit")
@@ -230,18 +232,26 @@ def main(argv: list[str] | None = None) -> int:
             [(f"test corpus: {s.family}", s.name, s.path) for s in corpus.malicious] + public_bad + parity_bad
         )
         benign = [("test corpus", s.name, s.path) for s in corpus.benign] + public_good + parity_good
-        paths = [str(path) for _, _, path in malicious + benign]
+        published = build_published_bypasses(tmp / "published")
+        paths = [str(path) for _, _, path in malicious + benign + published]
         scanners_dir = args.scanners_dir
         if scanners_dir is None and args.scanners_python is None:
             scanners_dir = tmp / "scanners"
             install_peers(scanners_dir)
         results, seconds = ours(paths)
         tallies = [tally("verify_checkpoint", results, seconds, malicious, benign)]
+        apart = [tally("verify_checkpoint", results, 0.0, published, [])]
         for name in PEERS:
             got = run_peer(name, paths, scanners_dir, tmp, args.scanners_python)
             if got is not None:
                 tallies.append(tally(name, got[0], got[1], malicious, benign))
+                apart.append(tally(name, got[0], 0.0, published, []))
         text = render(tallies, malicious, benign)
+        text += "\n\nPublished bypasses (bench/published_bypasses.py, collected after the techniques above were built):\n"
+        text += "\n".join(
+            f"{t.name}: {t.detected}/{len(published)} (missed: {', '.join(t.missed) or 'none'})"
+            for t in apart
+        )
         text += f"\nNo test-corpus payload ran during the scans: {not any(s.executed() for s in corpus.malicious)}"
     print(text)
     if args.out is not None:
