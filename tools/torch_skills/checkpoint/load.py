@@ -41,6 +41,7 @@ import torch
 
 from torch_skills.checkpoint.allowlist import JOBLIB_ARRAYS, NUMPY_DATA
 from torch_skills.checkpoint.blob_scan import COMPRESSED, decompress, kind_of
+from torch_skills.checkpoint.confine import Confinement
 from torch_skills.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
 from torch_skills.checkpoint.pickle_scan import map_python2_name
 from torch_skills.checkpoint.problems import Problem
@@ -513,7 +514,8 @@ def load_checkpoint(scan: StaticScan) -> LoadedCheckpoint:
         return LoadedCheckpoint(merged, "; ".join(sorted(hows)), model_files=model_files)
     json_name = "trainer_state.json"
     state_path = scan.path / json_name
-    if state_path.is_file() and state_path.stat().st_size <= MAX_JSON_BYTES:
+    inside = Confinement.of(scan.path).resolve(state_path) is not None  # never a link out of the folder
+    if inside and state_path.is_file() and state_path.stat().st_size <= MAX_JSON_BYTES:
         try:
             contents[json_name] = json.loads(state_path.read_text("utf-8"))
         except (ValueError, UnicodeDecodeError):
