@@ -114,6 +114,17 @@ async def test_a_users_own_pickled_model_gets_its_own_finding_and_advice(client)
     assert not any(f["code"] == "unsafe_global" for f in result["findings"])
 
 
+async def test_a_call_to_a_users_function_is_not_called_own_classes(client):
+    """A function (not a class) in the user's file, called by the pickle, keeps the unsafe wording."""
+    folder = scratch_dir("own-function")
+    (folder / "tasks.py").write_text("def wipe(path):\n    return path\n")
+    path = folder / "calls.pkl"
+    path.write_bytes(b"\x80\x02ctasks\nwipe\nX\x01\x00\x00\x00x\x85R.")
+    r = await client.call_tool("verify_checkpoint", {"path": str(path)})
+    codes = {f["code"] for f in r.structured_content["findings"]}
+    assert "own_classes_only" not in codes and "unsafe_global" in codes
+
+
 async def test_a_real_payload_beside_a_users_class_is_not_called_own_classes(client):
     """posix.system next to the user's class keeps the unsafe wording."""
     folder = scratch_dir("own-model-evil")

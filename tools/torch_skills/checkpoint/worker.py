@@ -10,6 +10,7 @@ the user's model factory (their own code) runs only after that, in this same san
 
 from __future__ import annotations
 
+import ast
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -422,6 +423,17 @@ def _module_file(module: str, roots: list[Path]) -> Path | None:
     return None
 
 
+def _defines_class(path: Path, name: str) -> bool:
+    """True when the file (read, never imported) defines a top-level class `name`."""
+    try:
+        if path.stat().st_size > 4 << 20:
+            return False
+        tree = ast.parse(path.read_text("utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return False
+    return any(isinstance(node, ast.ClassDef) and node.name == name for node in tree.body)
+
+
 def _import_roots(path: Path, roots: list[Path]) -> list[Path]:
     """Where the user's modules may live: the roots, and the checkpoint's folder with each of its
     parents up to the root holding it (a training script usually sits beside or above its output)."""
@@ -435,8 +447,9 @@ def _import_roots(path: Path, roots: list[Path]) -> list[Path]:
 
 
 def own_classes(scan: StaticScan, roots: list[Path]) -> list[str] | None:
-    """The user's own classes when every unsafe global of the scan is one (a module file under the
-    roots) or a torch.nn container/layer class or a plain builtin type, with no other problem: what
+    """The user's own classes when every unsafe global of the scan is one (a class defined at the top
+    level of a module file under the roots, read with ast, never imported) or a torch.nn
+    container/layer class or a plain builtin type, with no other problem: what
     torch.save(model) of the user's model writes. None otherwise (a real payload keeps its wording)."""
     unsafe = scan.unsafe()
     if not unsafe or scan.unsafe_total() != len(unsafe) or any(p.blocks_safe for p in scan.problems_all()):
@@ -449,7 +462,7 @@ def own_classes(scan: StaticScan, roots: list[Path]) -> list[str] | None:
         if q.startswith(_TORCH_CONTAINERS) or (u.module == "builtins" and "." not in (u.name or ".")):
             continue
         path = _module_file(u.module, roots)
-        if path is None or not (u.name or "").replace(".", "").isidentifier():
+        if path is None or not _defines_class(path, (u.name or "").split(".")[0]):
             return None
         own.add(f"{q} ({path})")
     return sorted(own) or None
