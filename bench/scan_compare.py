@@ -17,7 +17,7 @@ Bypasses described in public reports (bench/published_bypasses.py) are tallied a
 A malicious sample counts as detected when the scanner does not call it safe: ours, when the
 verdict is unsafe or corrupt; picklescan, when it reports a dangerous global; fickling, when
 `is_likely_safe` is false (or it fails); modelscan, when it lists an issue; modelaudit, when it
-reports an issue of severity critical or warning. A benign sample flagged that way is a false alarm (TorchScript and pickled
+reports a critical issue (with warnings counted too, 0.2.54 flags 32 of the 50 benign files). A benign sample flagged that way is a false alarm (TorchScript and pickled
 whole modules are allowed to be flagged; none are in the benign set). Scanner errors are counted
 apart and, for a malicious sample, an error without a finding is a miss.
 
@@ -85,7 +85,7 @@ elif scanner == "modelaudit":
     def scan(p):
         r = scan_model_directory_or_file(str(p))
         sev = [str(getattr(i, "severity", "")).lower().rsplit(".", 1)[-1] for i in r.issues]
-        return any(s in ("critical", "warning") for s in sev), bool(r.has_errors)
+        return "critical" in sev, bool(r.has_errors)
 results, started = {}, time.perf_counter()
 for p in paths:
     try:

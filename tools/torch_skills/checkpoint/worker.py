@@ -20,7 +20,7 @@ import torch
 
 from torch_skills.checkpoint.allowlist import Policy
 from torch_skills.checkpoint.contents import find_nonfinite, summarize_tensors
-from torch_skills.checkpoint.filetext import wire_safe_result
+from torch_skills.checkpoint.filetext import file_text, wire_safe_result
 from torch_skills.checkpoint.fit import FitReport, compare_state_dicts
 from torch_skills.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
 from torch_skills.checkpoint.modelkeys import model_keys
@@ -70,7 +70,8 @@ def _resolve_path(raw: str, job: JobContext) -> Path:
     if not path.exists():
         parent = path.parent
         near = sorted(p.name for p in parent.iterdir())[:20] if parent.is_dir() else []
-        hint = f"; {parent} holds: {', '.join(near)}" if near else ""
+        # file names are the folder's content: escaped, cut and quoted, never prose
+        hint = f"; {parent} holds the files {', '.join(repr(file_text(n, 80)) for n in near)}" if near else ""
         raise UserCodeError("bad_request", f"no checkpoint at {path}{hint}")
     return path
 
