@@ -353,7 +353,7 @@ def read_raw_member(f: BinaryIO, member: ZipMember, limit: int) -> bytes:
     out = bytearray()
     left = member.compressed_bytes
     while left and len(out) < limit:
-        chunk = f.read(min(1 << 20, left))
+        chunk = f.read(min(1 << 20, left, max(limit, 1 << 14)))  # a 512-byte peek reads 16 KiB, not 1 MiB
         if not chunk:
             break
         left -= len(chunk)
