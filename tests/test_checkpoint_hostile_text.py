@@ -150,3 +150,19 @@ async def test_a_dcp_data_file_linked_outside_is_refused_and_its_bytes_never_quo
     codes = {p["code"] for p in result["problems"]}
     assert result["verdict"] == "unsafe" and "outside_checked_folder" in codes
     assert SECRET.decode() not in json.dumps(result) and not result["loaded"]
+
+
+async def test_checkpoint_keys_written_as_advice_stay_out_of_fit_and_resume_prose(client):
+    """Unexpected keys and resume keys named like instructions are counted, never quoted in findings."""
+    from tests.checkpoint_support import MODELS
+
+    folder = scratch_dir("injected-keys")
+    state = dict(TinyNet().state_dict())
+    state[INJECTION] = torch.zeros(1)
+    path = folder / "ckpt.pt"
+    torch.save({"model": state, INJECTION + " epoch": 3}, path)
+    r = await client.call_tool("verify_checkpoint", {"path": str(path), "model": f"{MODELS}:build"})
+    result = r.structured_content
+    assert result["key_mismatch"]["unexpected_count"] == 1
+    assert "NOTE TO THE ASSISTANT" not in prose(result)
+    assert any("NOTE TO THE ASSISTANT" in k for k in result["key_mismatch"]["unexpected"])
