@@ -1,24 +1,30 @@
-"""Detections, misses and false alarms: verify_checkpoint's static scan next to picklescan, fickling and modelscan.
+"""Detections, misses and false alarms: verify_checkpoint's static scan next to picklescan, fickling, modelscan, modelaudit.
 
 Run from the repository root:
 
     python bench/scan_compare.py                          # installs the peers into a temporary folder
     python bench/scan_compare.py --scanners-dir /tmp/scanners --out bench/results/scan_compare.md
+    python bench/scan_compare.py --scanners-python /path/to/venv/bin/python   # peers in their own venv
 
 Samples: the test corpus (tests/fixtures/checkpoint_corpus.py: live payloads, each proven to run
 when loaded the usual way, and benign checkpoints of every supported kind) plus
 bench/public_corpus.py (attack families regenerated from the public test suites of picklescan,
 fickling and modelscan, known bypasses, and benign files written by torch, numpy, safetensors,
-transformers, accelerate and DCP when installed). A malicious sample counts as detected when the
-scanner does not call it safe: ours, when the verdict is unsafe or corrupt; picklescan, when it
-reports a dangerous global; fickling, when `is_likely_safe` is false (or it fails); modelscan,
-when it lists an issue. A benign sample flagged that way is a false alarm (TorchScript and pickled
+transformers, accelerate and DCP when installed) plus bench/parity_corpus.py (containers a naive
+reader reads differently from their loader: object dtypes spelled other ways, torch zips read as
+torch's miniz reader reads them, DCP items, .pt2 members, legacy and v7 tars, joblib arrays).
+Bypasses described in public reports (bench/published_bypasses.py) are tallied apart.
+A malicious sample counts as detected when the scanner does not call it safe: ours, when the
+verdict is unsafe or corrupt; picklescan, when it reports a dangerous global; fickling, when
+`is_likely_safe` is false (or it fails); modelscan, when it lists an issue; modelaudit, when it
+reports a critical issue (with warnings counted too, 0.2.54 flags 32 of the 50 benign files). A benign sample flagged that way is a false alarm (TorchScript and pickled
 whole modules are allowed to be flagged; none are in the benign set). Scanner errors are counted
 apart and, for a malicious sample, an error without a finding is a miss.
 
-The peers are the optional extra `scanners` (`pip install picklescan fickling modelscan`); each
-runs in its own child process with the install folder on its path, so its dependencies never mix
-with this process's. Missing peers are skipped with a note. Times are for the whole sample set in
+The peers are the optional extra `scanners` (`pip install picklescan fickling modelscan
+modelaudit`); each runs in its own child process, with the install folder on its path or under
+the interpreter of its own virtual environment (`--scanners-python`), so its dependencies never
+mix with this process's; telemetry is switched off through the environment. Missing peers are skipped with a note. Times are for the whole sample set in
 one process per scanner (imports excluded), on a shared, loaded machine: compare within one run.
 """
 
@@ -36,10 +42,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 import server  # noqa: E402,F401  (registers torch_skills from this clone)
+from bench.parity_corpus import build_parity_corpus  # noqa: E402
 from bench.public_corpus import build_public_corpus  # noqa: E402
+from bench.published_bypasses import build_published_bypasses  # noqa: E402
 from tests.fixtures.checkpoint_corpus import build_corpus  # noqa: E402
 
-PEERS = ("picklescan", "fickling", "modelscan")
+PEERS = ("picklescan", "fickling", "modelscan", "modelaudit")
 
 # Runs in a child process: python -c DRIVER SCANNER PATHS.json OUT.json
 DRIVER = r"""
@@ -72,6 +80,12 @@ elif scanner == "modelscan":
     def scan(p):
         r = ModelScan().scan(p)
         return bool(r.get("issues")), bool(r.get("errors"))
+elif scanner == "modelaudit":
+    from modelaudit.core import scan_model_directory_or_file
+    def scan(p):
+        r = scan_model_directory_or_file(str(p))
+        sev = [str(getattr(i, "severity", "")).lower().rsplit(".", 1)[-1] for i in r.issues]
+        return "critical" in sev, bool(r.has_errors)
 results, started = {}, time.perf_counter()
 for p in paths:
     try:
@@ -122,15 +136,27 @@ def install_peers(target: Path) -> None:
         print(f"peers could not be installed ({done.stderr.strip()[-300:]})")
 
 
-def run_peer(name: str, paths: list[str], scanners_dir: Path, tmp: Path) -> tuple[dict, float] | None:
-    if not (scanners_dir / name).exists():
+NO_TELEMETRY = {"DO_NOT_TRACK": "1", "PROMPTFOO_DISABLE_TELEMETRY": "1", "MODELAUDIT_DISABLE_TELEMETRY": "1"}
+
+
+def run_peer(
+    name: str, paths: list[str], scanners_dir: Path | None, tmp: Path, python: str | None = None
+) -> tuple[dict, float] | None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), **NO_TELEMETRY}
+    if python is not None:
+        found = subprocess.run([python, "-c", f"import {name}"], capture_output=True, env=env, timeout=300)
+        if found.returncode != 0:
+            print(f"{name} is not installed for {python}; skipped")
+            return None
+    elif scanners_dir is None or not (scanners_dir / name).exists():
         print(f"{name} is not installed in {scanners_dir}; skipped")
         return None
+    else:
+        env["PYTHONPATH"] = str(scanners_dir)
     listing, out = tmp / f"{name}-paths.json", tmp / f"{name}-out.json"
     listing.write_text(json.dumps(paths))
-    env = {"PYTHONPATH": f"{scanners_dir}", "PATH": "/usr/bin:/bin", "HOME": str(tmp)}
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, name, str(listing), str(out)],
+        [python or sys.executable, "-c", DRIVER, name, str(listing), str(out)],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -192,26 +218,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--scanners-dir", type=Path, default=None, help="where picklescan/fickling/modelscan are installed"
     )
+    p.add_argument(
+        "--scanners-python", default=None, help="the python of a virtual environment holding the peers"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the tables to this file")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="scan-compare-") as tmp_name:
         tmp = Path(tmp_name)
         corpus = build_corpus(tmp / "corpus")
         public_bad, public_good = build_public_corpus(tmp / "public")
-        malicious = [(f"test corpus: {s.family}", s.name, s.path) for s in corpus.malicious] + public_bad
-        benign = [("test corpus", s.name, s.path) for s in corpus.benign] + public_good
-        paths = [str(path) for _, _, path in malicious + benign]
+        parity_bad, parity_good = build_parity_corpus(tmp / "parity")
+        malicious = (
+            [(f"test corpus: {s.family}", s.name, s.path) for s in corpus.malicious] + public_bad + parity_bad
+        )
+        benign = [("test corpus", s.name, s.path) for s in corpus.benign] + public_good + parity_good
+        published = build_published_bypasses(tmp / "published")
+        paths = [str(path) for _, _, path in malicious + benign + published]
         scanners_dir = args.scanners_dir
-        if scanners_dir is None:
+        if scanners_dir is None and args.scanners_python is None:
             scanners_dir = tmp / "scanners"
             install_peers(scanners_dir)
         results, seconds = ours(paths)
         tallies = [tally("verify_checkpoint", results, seconds, malicious, benign)]
+        apart = [tally("verify_checkpoint", results, 0.0, published, [])]
         for name in PEERS:
-            got = run_peer(name, paths, scanners_dir, tmp)
+            got = run_peer(name, paths, scanners_dir, tmp, args.scanners_python)
             if got is not None:
                 tallies.append(tally(name, got[0], got[1], malicious, benign))
+                apart.append(tally(name, got[0], 0.0, published, []))
         text = render(tallies, malicious, benign)
+        text += "\n\nPublished bypasses (bench/published_bypasses.py, collected after the techniques above were built):\n"
+        text += "\n".join(
+            f"{t.name}: {t.detected}/{len(published)} (missed: {', '.join(t.missed) or 'none'})"
+            for t in apart
+        )
         text += f"\nNo test-corpus payload ran during the scans: {not any(s.executed() for s in corpus.malicious)}"
     print(text)
     if args.out is not None:

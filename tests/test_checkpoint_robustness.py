@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import pickle
@@ -20,6 +21,9 @@ from hypothesis import strategies as st
 
 from tests.fixtures.checkpoint_corpus import dcp_save, write_safetensors
 from tests.fixtures.checkpoint_models import TinyNet
+from tests.fixtures.container_payloads import PAYLOAD, break_crc, npy_bytes, v7_member
+from tests.fixtures.container_payloads import torch_zip as zip_of
+from tests.fixtures.joblib_format import joblib_bytes, scikit_like
 from tests.fixtures.malicious.payloads import Payload
 from torch_skills.checkpoint.scan import scan_path
 from torch_skills.checkpoint.tree import walk
@@ -289,12 +293,48 @@ def _apply(data: bytes, mutations) -> bytes:
     return bytes(b)
 
 
-_SEEDS = st.sampled_from(["zip", "pickle", "pickle0", "safetensors", "npz"])
+class _Scripted(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+
+
+@functools.cache
+def _reader_seeds() -> dict[str, tuple[str, bytes]]:
+    """Seeds for the readers added for issue 25 (built once: scripting is slow)."""
+    scripted = io.BytesIO()
+    torch.jit.save(torch.jit.script(_Scripted()), scripted)
+    benign_npy = npy_bytes("object", (3, 0))[: -len(PAYLOAD)] + pickle.dumps(["a", 1], protocol=2)
+    return {
+        "npy3_object": (".npy", benign_npy),
+        "joblib": (".joblib", joblib_bytes(scikit_like())),
+        "torchscript": (".pt", scripted.getvalue()),
+        "v7_tar": (".pt", v7_member(b"N.", b"x") + v7_member(b"storages", b"K\x01.") + bytes(1024)),
+        "upper_crc_zip": (
+            ".pt",
+            break_crc(zip_of({"archive/DATA.PKL": pickle.dumps({"a": 1}, 2)}), b"archive/DATA.PKL"),
+        ),
+    }
+
+
+_SEEDS = st.sampled_from(
+    [
+        "zip",
+        "pickle",
+        "pickle0",
+        "safetensors",
+        "npz",
+        "npy3_object",
+        "joblib",
+        "torchscript",
+        "v7_tar",
+        "upper_crc_zip",
+    ]
+)
 _MUTATIONS = st.lists(_MUTATION, min_size=1, max_size=4)
 
 
 def _fuzz_once(tmp: Path, seed: str, mutations) -> None:
-    suffix, data = _seeds(tmp)[seed]
+    suffix, data = _reader_seeds()[seed] if seed in _reader_seeds() else _seeds(tmp)[seed]
     path = tmp / f"m{suffix}"
     path.write_bytes(_apply(data, mutations))
     verdict, codes = verdict_of(path)

@@ -44,7 +44,7 @@ from torch_skills.roots import AllowedRoots, PathNotAllowed
 from torch_skills.runner.errors import WorkerError
 from torch_skills.skillpack.loader import SkillPathError, UnknownSkill
 from torch_skills.userspec import CodeRef, CodeRefError
-from torch_skills.wire import wire_safe
+from torch_skills.wire import wire_safe, wire_safe_value
 from torch_skills.wire_schema import explain_invalid_arguments, portable_input_schema
 
 if TYPE_CHECKING:
@@ -244,8 +244,8 @@ def tool_function(tool: TorchTool) -> Callable[..., Any]:
             client_roots=client_roots,
             label=tool.name,
         )
-        with anticipated_errors():
-            return tool.result.model_validate(result)
+        with anticipated_errors():  # made wire-safe here: the SDK serializes the model before any middleware
+            return tool.result.model_validate(wire_safe_value(result))
 
     parameters = arguments + limits + injected
     call.__signature__ = inspect.Signature(parameters, return_annotation=tool.result)  # type: ignore[attr-defined]

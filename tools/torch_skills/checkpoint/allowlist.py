@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Tier = Literal["torch", "numpy", "data", "dcp"]
+Tier = Literal["torch", "numpy", "data", "dcp", "joblib", "torchscript"]
 Risk = Literal["code_execution", "data", "unknown"]
 
 
@@ -179,6 +179,12 @@ _DANGEROUS_BUILTINS = frozenset(
     )
 )
 
+# joblib.dump writes each numpy array as this wrapper (its state: subclass, shape, order, dtype),
+# followed by the array's raw bytes outside the pickle; joblib.load's BUILD then reads those bytes
+# (joblib/numpy_pickle.py, NumpyArrayWrapper.read_array). The scan skips exactly those bytes, so
+# the wrapper is data; an object dtype is a nested pickle there, and is scanned as one.
+JOBLIB_ARRAYS: frozenset[str] = frozenset({"joblib.numpy_pickle.NumpyArrayWrapper"})
+
 _DCP = "torch.distributed.checkpoint"
 # What FileSystemWriter pickles into `.metadata` (torch 2.13, distributed/checkpoint/metadata.py).
 DCP_METADATA: frozenset[str] = frozenset(
@@ -251,6 +257,11 @@ class Policy:
     numpy: bool = True  # array/scalar/dtype globals from numpy
     data_classes: bool = True  # HARMLESS_DATA: safe with a safe_globals allowlist
     dcp: bool = False  # only for a DCP `.metadata` pickle
+    joblib: bool = True  # joblib's array wrapper, whose raw bytes the scan skips (JOBLIB_ARRAYS)
+    # only inside a TorchScript archive: torch.jit.load's own unpickler resolves `__torch__.*` to the
+    # archive's compiled classes and `torch.jit._pickle.*` to its list builders, never a Python import;
+    # the archive is refused as code anyway (torchscript_archive)
+    torchscript: bool = False
 
     def classify(self, qualified: str) -> Tier | None:
         """The tier that allows `qualified`, or None when it is unsafe."""
@@ -262,4 +273,8 @@ class Policy:
             return "dcp"
         if self.data_classes and qualified in HARMLESS_DATA:
             return "data"
+        if self.joblib and self.numpy and qualified in JOBLIB_ARRAYS:
+            return "joblib"
+        if self.torchscript and qualified.startswith(("__torch__.", "torch.jit._pickle.")):
+            return "torchscript"
         return None

@@ -36,7 +36,7 @@ from typing import Any
 
 from torch_skills.checkpoint.allowlist import Policy
 from torch_skills.checkpoint.npy_format import MAGIC as NPY_MAGIC
-from torch_skills.checkpoint.npy_format import read_npy_header
+from torch_skills.checkpoint.npy_format import header_problem, read_npy_header
 from torch_skills.checkpoint.pickle_scan import _OPS, PickleScan, ScanLimits, scan_pickle
 from torch_skills.checkpoint.problems import Problem
 
@@ -85,7 +85,7 @@ def kind_of(head: bytes) -> str:
         return "zip"
     if head[:6] == NPY_MAGIC:
         return "npy"
-    if head[257:262] == b"ustar":
+    if head[257:262] == b"ustar" or is_tar_header(head):
         return "tar"
     for magic, name in UNSCANNED_ARCHIVES.items():
         if head.startswith(magic):
@@ -100,6 +100,32 @@ def kind_of(head: bytes) -> str:
     if head and _OPS[head[0]] is not None:
         return "pickle"
     return "data"
+
+
+def is_tar_header(head: bytes) -> bool:
+    """True when the first 512 bytes are a tar header Python's tarfile accepts (the checks of
+    TarInfo.frombuf: not all NUL, the octal or base-256 checksum matching the signed or unsigned
+    byte sum), with or without the ustar magic: torch.load hands any non-zip file to tarfile first,
+    so an old v7 header whose name field happens to be a pickle still opens as a tar there."""
+    if len(head) < 512 or head[:512].count(0) == 512:
+        return False
+    field = head[148:156]
+    if field[0] in (0o200, 0o377):
+        value = 0
+        for byte in field[1:]:
+            value = (value << 8) + byte
+        if field[0] == 0o377:
+            value = -((256 ** (len(field) - 1)) - value)
+    else:
+        text = field.split(b"\0", 1)[0]
+        try:
+            value = int(text.decode("ascii").strip() or "0", 8)
+        except (UnicodeDecodeError, ValueError):
+            return False
+    block = head[:512]
+    unsigned = 256 + sum(block[:148]) + sum(block[156:512])
+    signed = 256 + sum(b - 256 if b > 127 else b for b in block[:148] + block[156:512])
+    return value in (unsigned, signed)
 
 
 class TooBig(ValueError):
@@ -237,10 +263,7 @@ def scan_npy(data: Any, source: str, ctx: ScanContext) -> BlobScan:
     """A .npy: raw array bytes (safe data), or an object array whose data is a pickle."""
     header = read_npy_header(bytes(data[: (1 << 20) + 16]))
     if not header.ok:
-        return BlobScan(
-            "npy",
-            problems=[Problem("corrupt_npy", source, f"corrupt/unreadable .npy header: {header.problem}")],
-        )
+        return BlobScan("npy", problems=[header_problem(header, source)])
     if header.has_object:
         scan = scan_pickle(
             data,

@@ -37,6 +37,7 @@ from torch_skills.checkpoint.allowlist import (
     TORCH_WEIGHTS_ONLY,
     Policy,
 )
+from torch_skills.checkpoint.confine import Confinement
 from torch_skills.checkpoint.pickle_scan import PickleScan, scan_pickle
 from torch_skills.checkpoint.problems import Problem
 from torch_skills.checkpoint.zip_scan import scan_zip
@@ -240,13 +241,19 @@ def _plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
 
 
-def scan_dcp_dir(root: Path, policy: Policy) -> DcpScan:
-    """Scan every metadata pickle, then every item of every .distcp file it points to."""
+def scan_dcp_dir(root: Path, policy: Policy, confine: Confinement | None = None) -> DcpScan:
+    """Scan every metadata pickle, then every item of every .distcp file it points to.
+
+    Every file is resolved first and must stay inside `confine` (default: `root` itself)."""
     scan = DcpScan()
-    meta_paths = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(".metadata"))
+    confine = confine or Confinement.of(root)
+    meta_paths = sorted(p for p in root.iterdir() if p.name.endswith(".metadata") and p.is_file())
     dcp_policy = Policy(numpy=policy.numpy, dcp=True)
     main: tuple[DcpFileScan, bytes] | None = None
     for path in meta_paths:
+        if confine.resolve(path) is None:
+            scan.problems.append(confine.refusal(f"the metadata file {path.name!r}", str(path)))
+            continue
         entry = DcpFileScan(path.name, path.stat().st_size)
         data = path.read_bytes()
         entry.pickles.append(scan_pickle(data, str(path), dcp_policy))
@@ -272,11 +279,11 @@ def scan_dcp_dir(root: Path, policy: Policy) -> DcpScan:
     except ValueError as e:
         scan.problems.append(Problem("dcp_bad_metadata", str(root / ".metadata"), str(e)))
         return scan
-    _scan_items(root, scan, policy)
+    _scan_items(root, scan, policy, confine)
     return scan
 
 
-def _scan_items(root: Path, scan: DcpScan, policy: Policy) -> None:
+def _scan_items(root: Path, scan: DcpScan, policy: Policy, confine: Confinement) -> None:
     assert scan.metadata is not None
     by_file: dict[str, list[DcpItem]] = {}
     for item in scan.metadata.items:
@@ -302,6 +309,9 @@ def _scan_items(root: Path, scan: DcpScan, policy: Policy) -> None:
                     blocks_safe=False,
                 )
             )
+            continue
+        if confine.resolve(path) is None:
+            scan.problems.append(confine.refusal(f"the data file {name!r} ({len(items)} items)", str(path)))
             continue
         size = path.stat().st_size
         file_scan = DcpFileScan(name, size)
@@ -370,6 +380,11 @@ def _scan_item(
 
 
 def open_item(root: Path, item: DcpItem) -> tuple[BinaryIO, SliceFile]:
-    """(the open file, a window on the item) for reading one item; close the file when done."""
-    f = open(os.path.join(root, item.file), "rb")  # noqa: SIM115 - the caller closes it
+    """(the open file, a window on the item) for reading one item; close the file when done.
+
+    Raises OSError for a name that is not a plain file name or resolves outside `root`."""
+    path = Path(os.path.join(root, item.file))
+    if not _plain_name(item.file) or Confinement.of(root).resolve(path) is None:
+        raise OSError("a DCP item's file resolves outside the checkpoint folder; refused")
+    f = open(path, "rb")  # noqa: SIM115 - the caller closes it
     return f, SliceFile(f, item.offset, item.length)

@@ -30,6 +30,7 @@ import io
 import json
 import mmap
 import pickle
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,20 +39,36 @@ from typing import Any
 
 import torch
 
-from torch_skills.checkpoint.allowlist import NUMPY_DATA
+from torch_skills.checkpoint.allowlist import JOBLIB_ARRAYS, NUMPY_DATA
+from torch_skills.checkpoint.blob_scan import COMPRESSED, decompress, kind_of
+from torch_skills.checkpoint.confine import Confinement
 from torch_skills.checkpoint.dcp_format import DcpMetadata, DcpTensor, open_item
 from torch_skills.checkpoint.pickle_scan import map_python2_name
 from torch_skills.checkpoint.problems import Problem
 from torch_skills.checkpoint.safetensors_format import DTYPE_BYTES, SafeTensorEntry, SafetensorsHeader
 from torch_skills.checkpoint.scan import FileScan, StaticScan
 from torch_skills.checkpoint.tree import TensorMeta
+from torch_skills.checkpoint.zip_scan import read_raw_member
 
 MAX_BYTES_ITEM = 64 << 20  # a DCP bytes item (counters, param_group values) larger than this is skipped
 MAX_JSON_BYTES = 16 << 20
+MAX_DECOMPRESSED = 1 << 30  # a compressed pickle (joblib) is inflated at most this far to load it
 
 
 class CheckpointLoadError(Exception):
     """The format's own loader refused a file the scan called safe."""
+
+
+def _loader_message(e: BaseException, limit: int) -> str:
+    """The loader's reason, without torch's advice to retry with weights_only=False (never right for a
+    file the tool could not verify): from a weights_only refusal only the unpickler's own error is kept."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text[text.index(marker) :]
+    elif "weights_only" in text and "False" in text:
+        text = re.sub(r"[^.\n]*weights_only[^.\n]*False[^.\n]*(\.|$)", "", text).strip()
+    return text[:limit]
 
 
 @dataclass
@@ -121,6 +138,72 @@ class _AllowlistUnpickler(pickle.Unpickler):
         )
 
 
+class _JoblibArray:
+    """Stands in for joblib's NumpyArrayWrapper: BUILD fills its __dict__ (shape, order, dtype...)."""
+
+    def read(self, f: Any, allowed: dict[str, Any]) -> Any:
+        """The array joblib.load would build: the bytes after the wrapper, read as joblib reads them."""
+        import numpy as np
+
+        dtype, shape = self.__dict__.get("dtype"), tuple(self.__dict__.get("shape", ()))
+        if not isinstance(dtype, np.dtype):
+            raise pickle.UnpicklingError("a joblib array wrapper without a numpy dtype")
+        if dtype.hasobject:  # joblib unpickles the array right there: with the same allowlist
+            return _JoblibAwareUnpickler(f, allowed).load()
+        if self.__dict__.get("numpy_array_alignment_bytes") is not None:
+            padding = f.read(1)
+            f.read(padding[0] if padding else 0)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        data = f.read(count * dtype.itemsize)
+        array = np.frombuffer(data, dtype=dtype, count=count)
+        if self.__dict__.get("order") == "F":
+            return array.reshape(shape[::-1]).transpose()
+        return array.reshape(shape)
+
+
+class _JoblibAwareUnpickler(pickle._Unpickler):
+    """The allowlist unpickler in pure Python, reading joblib's raw array bytes after each wrapper's
+    BUILD the way joblib.load does (a file written by joblib.dump is not a plain pickle)."""
+
+    dispatch = pickle._Unpickler.dispatch.copy()
+
+    def __init__(self, f: Any, allowed: dict[str, Any]):
+        super().__init__(f)
+        self._raw, self._allowed = f, allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        module, name = map_python2_name(module, name)
+        qualified = f"{module}.{name}"
+        if qualified in JOBLIB_ARRAYS:
+            return _JoblibArray
+        if qualified not in self._allowed:
+            raise pickle.UnpicklingError(f"{qualified} is not allowlisted")
+        return self._allowed[qualified]
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError(
+            "a plain pickle with persistent ids (torch storages) cannot be read alone"
+        )
+
+    def _load_build(self) -> None:
+        pickle._Unpickler.load_build(self)
+        if isinstance(self.stack[-1], _JoblibArray):
+            self.stack[-1] = self.stack[-1].read(self._raw, self._allowed)
+
+    dispatch[pickle.BUILD[0]] = _load_build
+
+
+def _pickle_stream(file: FileScan) -> Any:
+    """The file as a readable stream of pickle bytes: decompressed (bounded) when it is a zlib, gzip,
+    bz2, xz or lzma stream (joblib's compressed files), else the file itself."""
+    with open(file.path, "rb") as f:
+        head = f.read(512)
+    kind = kind_of(head)
+    if kind in COMPRESSED.values() or kind == "zlib":
+        return io.BytesIO(decompress(kind, file.path.read_bytes(), MAX_DECOMPRESSED))
+    return open(file.path, "rb")  # noqa: SIM115 - the caller closes it
+
+
 def cross_check_zip(file: FileScan) -> list[Problem]:
     """Compare torch's own zip reader with the scan's view of the archive."""
     zscan = file.zip
@@ -176,7 +259,7 @@ def _torch_load(path: Path, numpy_pairs: list[tuple[Any, str]], mmap: bool) -> A
                 " The file may not fit the worker's memory limit: call again with a larger memory_limit_gib."
             )
         raise CheckpointLoadError(
-            f"torch.load(weights_only=True) refused {path.name}: {str(e)[:800]}{hint}"
+            f"torch.load(weights_only=True) refused {path.name}: {_loader_message(e, 800)}{hint}"
         ) from None
 
 
@@ -238,12 +321,14 @@ def load_file(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> tuple[Any, 
             file.path, numpy_pairs, mmap=False
         ), "torch.load(weights_only=True) (legacy format)"
     if file.format == "pickle":
+        joblib = any(tier == "joblib" for p in file.pickles for tier in p.globals_used.values())
+        reader = _JoblibAwareUnpickler if joblib else _AllowlistUnpickler
         try:
-            with open(file.path, "rb") as f:
-                obj = _AllowlistUnpickler(f, _allowed_objects(numpy_pairs)).load()
+            with _pickle_stream(file) as f:
+                obj = reader(f, _allowed_objects(numpy_pairs)).load()
         except Exception as e:
             raise CheckpointLoadError(
-                f"the allowlist unpickler refused {file.name}: {str(e)[:800]}"
+                f"the allowlist unpickler refused {file.name}: {_loader_message(e, 800)}"
             ) from None
         return obj, "pickle.Unpickler restricted to the weights_only allowlist"
     if file.format == "numpy":
@@ -272,33 +357,32 @@ def _load_numpy(file: FileScan) -> Any:
         return np.load(file.path, allow_pickle=False, mmap_mode="r")
     except Exception as e:  # corrupt data the header did not reveal
         raise CheckpointLoadError(
-            f"numpy.load(allow_pickle=False) refused {file.name}: {str(e)[:400]}"
+            f"numpy.load(allow_pickle=False) refused {file.name}: {_loader_message(e, 400)}"
         ) from None
 
 
 def _load_nested_archives(file: FileScan, numpy_pairs: list[tuple[Any, str]]) -> dict[str, Any]:
-    """Members of a zip (torch.export's .pt2) that are torch archives, each through weights_only."""
-    import zipfile
+    """Members of a zip (torch.export's .pt2) that are torch archives, each through weights_only.
 
+    Members are read the way torch's own zip reader reads them (zip_scan.read_raw_member: local
+    header offsets, no CRC or local-name check), which is also how the scan read them."""
+    assert file.zip is not None
     out: dict[str, Any] = {}
-    with zipfile.ZipFile(file.path) as z:
-        for info in z.infolist():
-            if info.file_size > MAX_BYTES_ITEM or info.is_dir():
+    with open(file.path, "rb") as f:
+        for member in file.zip.members:
+            if member.bytes > MAX_BYTES_ITEM or member.name.endswith("/"):
                 continue
-            with z.open(info) as member:
-                if member.read(4) != b"PK\x03\x04":
-                    continue
-            data = z.read(info)
             try:
+                if read_raw_member(f, member, 4) != b"PK\x03\x04":
+                    continue
+                data = read_raw_member(f, member, member.bytes)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     with torch.serialization.safe_globals(numpy_pairs):
-                        out[info.filename] = torch.load(
-                            io.BytesIO(data), map_location="cpu", weights_only=True
-                        )
+                        out[member.name] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             except Exception as e:
                 raise CheckpointLoadError(
-                    f"torch.load(weights_only=True) refused {file.name}::{info.filename}: {str(e)[:400]}"
+                    f"torch.load(weights_only=True) refused {file.name}::{member.name}: {_loader_message(e, 400)}"
                 ) from None
     return out
 
@@ -385,7 +469,7 @@ def load_dcp(root: Path, md: DcpMetadata) -> dict:
                     value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
             except Exception as e:
                 raise CheckpointLoadError(
-                    f"DCP bytes item {fqn}: torch.load(weights_only=True) refused it: {e}"
+                    f"DCP bytes item {fqn}: torch.load(weights_only=True) refused it: {_loader_message(e, 800)}"
                 ) from None
         _set_path(tree, md.paths.get(fqn, tuple(fqn.split("."))), value)
     return _lists_from_int_keys(tree)
@@ -430,7 +514,8 @@ def load_checkpoint(scan: StaticScan) -> LoadedCheckpoint:
         return LoadedCheckpoint(merged, "; ".join(sorted(hows)), model_files=model_files)
     json_name = "trainer_state.json"
     state_path = scan.path / json_name
-    if state_path.is_file() and state_path.stat().st_size <= MAX_JSON_BYTES:
+    inside = Confinement.of(scan.path).resolve(state_path) is not None  # never a link out of the folder
+    if inside and state_path.is_file() and state_path.stat().st_size <= MAX_JSON_BYTES:
         try:
             contents[json_name] = json.loads(state_path.read_text("utf-8"))
         except (ValueError, UnicodeDecodeError):

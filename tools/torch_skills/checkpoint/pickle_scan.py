@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch_skills.checkpoint.allowlist import Policy, Risk, Tier, risk_of, words
+from torch_skills.checkpoint.allowlist import JOBLIB_ARRAYS, Policy, Risk, Tier, risk_of, words
 
 # torch.load's weights_only unpickler refuses these modules even when a user allowlists them
 # (torch 2.13, torch/_weights_only_unpickler.py, _blocklisted_modules).
@@ -183,12 +183,14 @@ class _Ref:
 class _Made:
     """An object a call (REDUCE, NEWOBJ, OBJ, INST) would create."""
 
-    __slots__ = ("callee", "offset", "depth")
+    __slots__ = ("callee", "offset", "depth", "args", "state")
 
-    def __init__(self, callee: Any, offset: int, depth: int):
+    def __init__(self, callee: Any, offset: int, depth: int, args: Any = None):
         self.callee = callee
         self.offset = offset
         self.depth = depth
+        self.args = args  # the argument tuple, when short (joblib's dtype string)
+        self.state = None  # what BUILD gave it (a numpy dtype's elsize and flags)
 
 
 class _Box:
@@ -236,6 +238,63 @@ def _describe(value: Any) -> str:
     if isinstance(value, (_Big, _Opaque)):
         return f"a {value.kind}"
     return f"a {type(value).__name__} constant"
+
+
+def _is_joblib_wrapper(value: Any) -> bool:
+    callee = value.callee if isinstance(value, _Made) else None
+    return isinstance(callee, _Ref) and callee.allowed and callee.qualified in JOBLIB_ARRAYS
+
+
+def _dict_items(value: Any) -> dict[str, Any]:
+    """The string-keyed items of a short dict box (a BUILD state), else {}."""
+    if not isinstance(value, _Box) or value.kind != "dict" or value.items is None:
+        return {}
+    items = value.items
+    return {k: v for k, v in zip(items[::2], items[1::2], strict=False) if type(k) is str}
+
+
+def _plain_fields(fields: Any) -> bool:
+    """True when a record dtype's fields dict (short, fully kept) holds only plain scalar dtypes."""
+    if not isinstance(fields, _Box) or fields.kind != "dict" or not fields.items:
+        return False
+    for value in fields.items[1::2]:
+        parts = value.items if isinstance(value, _Box) and value.kind == "tuple" else None
+        dtype = parts[0] if parts else None
+        args = dtype.args.items if isinstance(dtype, _Made) and isinstance(dtype.args, _Box) else None
+        descr = args[0] if args else None
+        if type(descr) is not str or descr.lstrip("<>|=!")[:1] not in tuple("biufcMmUS?"):
+            return False
+        state = dtype.state.items if isinstance(dtype.state, _Box) and dtype.state.items else []
+        if len(state) > 7 and (type(state[7]) is not int or state[7] & 1 or state[3] is not None):
+            return False
+    return True
+
+
+def _joblib_item(descr: str, state: Any) -> tuple[bool, int | None]:
+    """(holds objects, item size) of the numpy dtype `numpy.dtype(descr)` rebuilt with BUILD `state`
+    (version, byte order, subarray, names, fields, elsize, alignment, flags): flexible types ('U5'
+    pickles as 'U5' with elsize 20) take their size from the state; a structured dtype is only
+    followed when its flags say it holds objects (then joblib unpickles it); None: cannot size."""
+    from torch_skills.checkpoint.npy_format import dtype_facts
+
+    items = state.items if isinstance(state, _Box) and state.kind == "tuple" and state.items else []
+    names, fields, elsize, flags = (items[3:6] + [None, None, None])[:3] + [items[7] if len(items) > 7 else 0]
+    kind = descr.lstrip("<>|=!")[:1]
+    if kind == "O" or (type(flags) is int and flags & 1):  # NPY_ITEM_HASOBJECT
+        return True, None
+    if len(items) > 2 and items[2] is not None:
+        return False, None  # a subarray dtype: not followed
+    if names is not None or fields is not None:
+        # a record dtype: raw bytes only when every field is a plain scalar (numpy takes hasobject from
+        # the state's flags, older versions from the fields: both must say "no objects")
+        plain = _plain_fields(fields)
+        return False, (elsize if plain and type(elsize) is int and elsize >= 0 else None)
+    if kind in ("U", "S", "V"):
+        return False, elsize if type(elsize) is int and elsize >= 0 else None
+    if kind not in tuple("biufcMm?"):
+        return False, None
+    has_object, itemsize, refused = dtype_facts(descr)
+    return has_object, None if refused else itemsize
 
 
 def _plain(value: Any) -> Any:
@@ -432,17 +491,15 @@ class _Machine:
         risk = risk_of(qualified)
         if module.split(".", 1)[0] in TORCH_BLOCKLISTED_MODULES:
             reason = (
-                f"{qualified} reaches the operating system; torch's weights_only loader blocks module "
-                f"{module.split('.', 1)[0]} even when allowlisted"
+                "it reaches the operating system; torch's weights_only loader blocks its module even when "
+                "allowlisted"
             )
         elif risk == "code_execution":
-            reason = f"{qualified} can run code or reach the system when the file is loaded"
+            reason = "it can run code or reach the system when the file is loaded"
         elif risk == "data":
-            reason = f"{qualified} is a plain data class; this scan's policy does not allow it"
+            reason = "a plain data class; this scan's policy does not allow it"
         else:
-            reason = (
-                f"{qualified} is not in the weights_only allowlist; torch.load(weights_only=True) refuses it"
-            )
+            reason = "it is not in the weights_only allowlist; torch.load(weights_only=True) refuses it"
         entry = self._unsafe(
             UnsafeRef(
                 self.source,
@@ -472,7 +529,7 @@ class _Machine:
             )
         depth = _depth(args) + 1
         self._check_depth(depth)
-        return _Made(callee, self.op_pos, depth)
+        return _Made(callee, self.op_pos, depth, args if isinstance(args, _Box) else None)
 
     def _scan_nested(self, args: Any) -> None:
         if self.nested is None or not isinstance(args, _Box) or not args.items:
@@ -505,13 +562,56 @@ class _Machine:
                 if depth > target.depth:
                     target.depth = depth
                     self._check_depth(depth)
-            if isinstance(target, _Box) and target.items is not None and opcode.startswith("APPEND"):
-                if len(target.items) + len(values) <= _SHORT_ITEMS:
+            if isinstance(target, _Box) and target.items is not None:
+                limit = 2 * _SHORT_ITEMS if target.kind == "dict" else _SHORT_ITEMS
+                growing = opcode.startswith("APPEND") or (
+                    target.kind == "dict" and opcode.startswith("SETITEM")
+                )
+                if growing and len(target.items) + len(values) <= limit:
                     target.items.extend(values)
-                else:
+                elif growing:
                     target.items = None
             return
         raise _Malformed(f"{opcode} on {_describe(target)}, which the unpickler cannot extend", self.op_pos)
+
+    def _joblib_array(self, state: Any) -> _Opaque:
+        """Step over the array joblib.load reads right after a NumpyArrayWrapper's BUILD: a padding
+        byte and its padding, then shape x itemsize raw bytes; an object dtype is a pickle there."""
+        fields = _dict_items(state)
+        dtype = fields.get("dtype")
+        shape = fields.get("shape")
+        dtype_args = dtype.args.items if isinstance(dtype, _Made) and isinstance(dtype.args, _Box) else None
+        descr = dtype_args[0] if dtype_args else None
+        dims = shape.items if isinstance(shape, _Box) and shape.kind == "tuple" else None
+        if type(descr) is not str or dims is None or not all(type(d) is int and d >= 0 for d in dims):
+            raise _Malformed("a joblib array wrapper whose dtype or shape the scan cannot read", self.op_pos)
+        has_object, itemsize = _joblib_item(descr, dtype.state)
+        if has_object:
+            inner = PickleScan(source=f"{self.source} (joblib object array at {self.pos})", size=0)
+            machine = _Machine(
+                self.data, inner.source, self.policy, self.limits, inner, self.nested, start=self.pos
+            )
+            _run(machine, inner, 1, scan_trailing=False)
+            for entry in inner.unsafe:
+                self._unsafe(entry)
+            self.result.unsafe_total += max(0, inner.unsafe_total - len(inner.unsafe))
+            self.result.globals_used.update(inner.globals_used)
+            if not inner.complete:
+                raise _Malformed(f"the joblib object array's pickle does not parse: {inner.error}", self.pos)
+            self.pos = machine.pos
+            return _Opaque("numpy object array")
+        if itemsize is None:
+            raise _Malformed(
+                "a joblib array whose dtype the scan cannot size (structured or unknown)", self.op_pos
+            )
+        if fields.get("numpy_array_alignment_bytes") is not None:
+            padding = self.data[self._take(1, "the joblib padding byte")]
+            self._take(padding, "the joblib padding")
+        count = 1
+        for d in dims:
+            count *= d
+        self._take(count * itemsize, "a joblib array's raw bytes")
+        return _Opaque("numpy array")
 
     # -- stack -----------------------------------------------------------------------------------
     def _pop(self) -> Any:
@@ -534,7 +634,8 @@ class _Machine:
     def _container(self, kind: str, items: list) -> _Box:
         depth = (max(_depth(v) for v in items) + 1) if items else 0
         self._check_depth(depth)
-        keep = list(items) if kind in ("tuple", "list") and len(items) <= _SHORT_ITEMS else None
+        short = len(items) <= (2 * _SHORT_ITEMS if kind == "dict" else _SHORT_ITEMS)
+        keep = list(items) if kind in ("tuple", "list", "dict") and short else None
         return _Box(kind, keep, depth)
 
     # -- one pickle ------------------------------------------------------------------------------
@@ -578,7 +679,7 @@ class _Machine:
             stack.append(_PUSH_CONST[name])
         elif name in ("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"):
             kind = name[6:].lower()
-            stack.append(_Box(kind, [] if kind in ("list", "tuple") else None, 0))
+            stack.append(_Box(kind, [] if kind in ("list", "tuple", "dict") else None, 0))
         elif name == "MARK":
             if len(self.metastack) >= self.limits.max_depth:
                 raise _LimitHit(f"more than {self.limits.max_depth} nested MARKs", self.op_pos)
@@ -692,6 +793,10 @@ class _Machine:
                 if depth > target.depth:
                     target.depth = depth
                     self._check_depth(depth)
+                if isinstance(target, _Made):
+                    target.state = state
+                if _is_joblib_wrapper(target):
+                    stack[-1] = self._joblib_array(state)
         elif name in ("PERSID", "BINPERSID"):
             pid = arg if name == "PERSID" else self._pop()
             if len(self.result.persistent_ids) < self.limits.max_persistent_ids:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from torch_skills.checkpoint.filetext import prose_name, shown_global
 from torch_skills.checkpoint.models import VerifyCheckpointResult
+from torch_skills.checkpoint.verdict import CORRUPT_CODES
 from torch_skills.results import Finding, format_bytes
 
 SKILL = "checkpointing-and-reproducibility"
@@ -28,20 +30,73 @@ MISSING_EFFECT = {
 _MAJOR_MISSING = ("model", "optimizer", "epoch_or_step")
 
 
+RISK_TEXT = {
+    "code_execution": "it can run code or reach the system when the file is loaded",
+    "data": "a plain data class this scan's policy does not allow",
+    "unknown": "it is not in the weights_only allowlist, so torch.load(weights_only=True) refuses it",
+}
+# what a structural problem means, in the tool's own words (the problem's message may quote the file)
+PROBLEM_ADVICE = {
+    "torchscript_archive": "a TorchScript archive: torch.jit.load compiles and runs its code/ files, and "
+    "torch.load(weights_only=True) refuses it; load it only from a trusted source",
+    "python_code_in_folder": "Python code beside the weights: transformers runs it only with "
+    "trust_remote_code=True; read it before enabling that",
+    "outside_checked_folder": "a file this checkpoint points to resolves outside the checked folder or the allowed "
+    "roots (a link or a '..' path); it was refused, not read",
+    "link_outside_folder": "a symbolic link leads outside the checked folder; it was not followed or read",
+    "index_missing_shard": "the index names a shard that is missing; loading will fail",
+    "data_files": "some files hold no pickle, archive or tensor format; every file was sniffed, and these are "
+    "plain data to any loader",
+    "pickle_frame_ambiguous": "a pickle built so that different unpicklers read different opcodes; treat it as "
+    "hostile",
+    "zip_parser_disagreement": "torch's zip reader and the scan's reader see different contents: the file is "
+    "built to show scanners one thing and the loader another",
+    "loader_refused": "the format's own loader refused the file, so it is not called safe",
+    "tensor_data_unreadable": "tensor bytes the headers promise are not in the file: it is truncated or damaged; "
+    "re-download or re-save it",
+}
+
+
+def _problem_advice(code: str, blocks_safe: bool, corrupt: bool) -> str:
+    if code in PROBLEM_ADVICE:
+        return PROBLEM_ADVICE[code]
+    if blocks_safe and corrupt:
+        return f"{code}: the file is corrupt or truncated, so it cannot be verified or loaded; re-download or re-save it"
+    if blocks_safe:
+        return (
+            f"{code}: a hostile or unverifiable structure; do not open this file with pickle or "
+            "torch.load(weights_only=False)"
+        )
+    return f"{code}: worth knowing; it does not make the file unsafe"
+
+
+def _global_in_prose(u, index: int) -> str:
+    shown = shown_global(u.qualified)
+    if shown is not None:
+        return shown
+    if u.qualified is None:
+        return f"an unresolvable {u.opcode}"
+    return f"a global whose name is file text (unsafe_globals[{index}].qualified)"
+
+
 def _unsafe_findings(r: VerifyCheckpointResult) -> list[Finding]:
     by_name: dict[str, list] = defaultdict(list)
-    for u in r.unsafe_globals:
-        by_name[u.qualified or f"unresolvable {u.opcode}"].append(u)
+    first_index: dict[str, int] = {}
+    for i, u in enumerate(r.unsafe_globals):
+        key = u.qualified or f"unresolvable {u.opcode}"
+        by_name[key].append(u)
+        first_index.setdefault(key, i)
     out = []
     for name, refs in list(by_name.items())[:10]:
-        first = refs[0]
+        first, index = refs[0], first_index[name]
         called = f", called at offset {first.called_at}" if first.called_at is not None else ""
         out.append(
             Finding(
                 severity="error",
                 code="unsafe_global",
                 message=(
-                    f"{name} in {first.source} at offset {first.offset}{called} ({len(refs)}x): {first.reason}. "
+                    f"{_global_in_prose(first, index)} at offset {first.offset}{called} ({len(refs)}x; where: "
+                    f"unsafe_globals[{index}].source): {RISK_TEXT[first.risk]}. "
                     + (
                         "Do not open this file with pickle or torch.load(weights_only=False); get the weights as "
                         "safetensors or re-export them from a trusted copy."
@@ -70,7 +125,7 @@ def _resume_findings(r: VerifyCheckpointResult) -> list[Finding]:
     out = []
     if r.resume is None:
         return out
-    taken = ", ".join(f"{x.role}={x.key}" for x in r.resume.roles)
+    taken = ", ".join(x.role for x in r.resume.roles) + " (their keys in resume.roles)"
     if r.resume.kind == "training" and r.missing_for_resume:
         major = [m for m in r.missing_for_resume if m in _MAJOR_MISSING]
         effects = "; ".join(f"{m}: {MISSING_EFFECT[m]}" for m in r.missing_for_resume)
@@ -117,15 +172,20 @@ def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
     if k is None:
         return out
     if k.prefix_fix is not None:
+        fix = k.prefix_fix
+        words = [*fix.remove_components, *fix.strip_prefix.strip(".").split(".")]
+        if all(w == "" or prose_name(w) for w in words):
+            how = f"{fix.description} ({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). Before load_state_dict:\n{fix.code}"
+        else:
+            how = (
+                f"{k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after the rename in "
+                "key_mismatch.prefix_fix.code (it quotes key prefixes from the file: read it before running it)"
+            )
         out.append(
             Finding(
                 severity="warning",
                 code="key_prefix_mismatch",
-                message=(
-                    f"the checkpoint's keys need renaming to fit the model: {k.prefix_fix.description} "
-                    f"({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). Before "
-                    f"load_state_dict:\n{k.prefix_fix.code}"
-                ),
+                message=f"the checkpoint's keys need renaming to fit the model: {how}",
                 skill=SKILL,
             )
         )
@@ -144,8 +204,8 @@ def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
             Finding(
                 severity="warning",
                 code="unexpected_keys",
-                message=f"{k.unexpected_count} checkpoint keys have no place in the model (e.g. "
-                f"{', '.join(k.unexpected[:3])}); strict loading fails on them.",
+                message=f"{k.unexpected_count} checkpoint keys have no place in the model (names in "
+                "key_mismatch.unexpected); strict loading fails on them.",
                 skill=SKILL,
             )
         )
@@ -174,14 +234,36 @@ def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
     return out
 
 
-def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
-    out = _unsafe_findings(r)
-    for p in r.problems:
+RESAVE = (
+    "    model = torch.load(path, weights_only=False)  # only for a file you made yourself\n"
+    '    torch.save(model.state_dict(), "weights.pt")  # then load_state_dict(torch.load("weights.pt"))'
+)
+
+
+def _own_classes_finding(own: list[str]) -> Finding:
+    return Finding(
+        severity="warning",
+        code="own_classes_only",
+        message=(
+            f"a whole pickled model: besides torch's own layer classes it references only classes defined in "
+            f"files under your roots ({'; '.join(own[:6])}), which is what torch.save(model) writes. Loading it "
+            "imports and runs those classes' code, so torch.load(weights_only=False) is only for a file you made "
+            "yourself, never one you were sent or downloaded. Re-save it once as a state_dict:\n" + RESAVE
+        ),
+        skill=SKILL,
+    )
+
+
+def build_findings(r: VerifyCheckpointResult, own_classes: list[str] | None = None) -> list[Finding]:
+    """Findings of `r`; `own_classes` (worker.own_classes) replaces the unsafe-global wording."""
+    out = [_own_classes_finding(own_classes)] if own_classes else _unsafe_findings(r)
+    for i, p in enumerate(r.problems):
+        advice = _problem_advice(p.code, p.blocks_safe, p.code in CORRUPT_CODES)
         out.append(
             Finding(
                 severity=p.severity if not p.blocks_safe else "error",
                 code=p.code,
-                message=f"{p.source}: {p.message}",
+                message=f"{advice} (details, quoting the file's names: problems[{i}]).",
                 skill=SKILL,
             )
         )
@@ -217,12 +299,20 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
                     severity="info",
                     code="usable_files",
                     message=f"{len(usable)} files of this folder are safe on their own and can be loaded one by one "
-                    f"(e.g. {', '.join(usable[:6])}); the problem is in {', '.join(bad[:6])}.",
+                    f"(files[] with verdict safe); the problem is in {len(bad)} others (verdict unsafe or corrupt).",
                     skill=SKILL,
                 )
             )
     if r.load_error:
-        out.append(Finding(severity="error", code="load_failed", message=r.load_error, skill=SKILL))
+        out.append(
+            Finding(
+                severity="error",
+                code="load_failed",
+                message="the format's own loader refused the file; its message, which may quote the file, is in "
+                "load_error.",
+                skill=SKILL,
+            )
+        )
     if r.format == "torch_legacy":
         out.append(
             Finding(
@@ -233,24 +323,24 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
             )
         )
     if r.nonfinite_tensors:
-        worst = ", ".join(f"{t.name} ({t.nan} NaN, {t.inf} Inf)" for t in r.nonfinite_tensors[:3])
+        worst = ", ".join(f"{t.nan} NaN and {t.inf} Inf" for t in r.nonfinite_tensors[:3])
         out.append(
             Finding(
                 severity="error",
                 code="nonfinite_tensors",
-                message=f"{len(r.nonfinite_tensors)} tensors hold NaN/Inf: {worst}. Training had diverged before this "
+                message=f"{len(r.nonfinite_tensors)} tensors hold NaN/Inf ({worst}; names in nonfinite_tensors). Training had diverged before this "
                 "save; resume from an earlier checkpoint and find where the values first went non-finite.",
                 skill="debugging-techniques",
             )
         )
     out += _resume_findings(r)
-    for opt in r.optimizers:
+    for i, opt in enumerate(r.optimizers):
         for problem in opt.problems:
             out.append(
                 Finding(
                     severity="error" if opt.shape_mismatches or opt.duplicate_params else "warning",
                     code="optimizer_inconsistent",
-                    message=f"{opt.key}: {problem}.",
+                    message=f"optimizers[{i}]: {problem}.",
                     skill=SKILL,
                 )
             )
@@ -272,9 +362,16 @@ def build_findings(r: VerifyCheckpointResult) -> list[Finding]:
     return out
 
 
-def build_summary(r: VerifyCheckpointResult) -> str:
+def build_summary(r: VerifyCheckpointResult, own_classes: list[str] | None = None) -> str:
+    if own_classes:
+        return (
+            f"A whole pickled model of your own classes ({len(own_classes)}) and torch layers, not loaded: loading "
+            "runs their code. weights_only=False is only for a file you made; re-save it as a state_dict "
+            "(finding own_classes_only)."
+        )
     if not r.safe:
-        names = sorted({u.qualified or f"unresolvable {u.opcode}" for u in r.unsafe_globals})
+        names = sorted({n for u in r.unsafe_globals if (n := shown_global(u.qualified))})
+        unnamed = len({u.qualified for u in r.unsafe_globals if not shown_global(u.qualified)})
         if r.verdict == "corrupt":
             parts = [
                 f"CORRUPT/unreadable {r.format} checkpoint: nothing hostile found, but it cannot be verified or loaded."
@@ -282,7 +379,8 @@ def build_summary(r: VerifyCheckpointResult) -> str:
         else:
             parts = [f"UNSAFE {r.format} checkpoint, not loaded."]
         if r.unsafe_global_count:
-            parts.append(f"{r.unsafe_global_count} unsafe references: {', '.join(names[:5])}.")
+            listed = names[:5] + ([f"{unnamed} more named in unsafe_globals"] if unnamed else [])
+            parts.append(f"{r.unsafe_global_count} unsafe references: {', '.join(listed)}.")
         blocking = [p for p in r.problems if p.blocks_safe]
         if blocking:
             parts.append(
@@ -290,7 +388,7 @@ def build_summary(r: VerifyCheckpointResult) -> str:
             )
         usable = [f.name for f in r.files if f.verdict in ("safe", "safe_with_allowlist")]
         if usable and len(usable) < len(r.files):
-            parts.append(f"Safe on their own: {', '.join(usable[:5])}{' ...' if len(usable) > 5 else ''}.")
+            parts.append(f"{len(usable)} of {len(r.files)} files are safe on their own (files[].verdict).")
         return " ".join(parts)
     if r.verdict == "safe_with_allowlist":
         parts = [
@@ -302,7 +400,7 @@ def build_summary(r: VerifyCheckpointResult) -> str:
     if r.tensors is not None:
         parts.append(f"{r.tensors.count} tensors, {format_bytes(r.tensors.total_bytes)}.")
     if r.load_error:
-        parts.append(f"Not loaded: {r.load_error[:200]}")
+        parts.append("Not loaded: the loader refused it (load_error).")
     if r.nonfinite_tensors:
         parts.append(f"{len(r.nonfinite_tensors)} tensors hold NaN/Inf.")
     elif r.nonfinite_scanned:
@@ -320,7 +418,7 @@ def build_summary(r: VerifyCheckpointResult) -> str:
     k = r.key_mismatch
     if k is not None:
         if k.fits:
-            fix = f" after: {k.prefix_fix.description}" if k.prefix_fix else ""
+            fix = " after the rename in key_mismatch.prefix_fix" if k.prefix_fix else ""
             parts.append(f"Fits the model{fix}.")
         else:
             parts.append(

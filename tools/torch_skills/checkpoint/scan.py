@@ -33,7 +33,7 @@ import os
 import pickletools
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +45,9 @@ from torch_skills.checkpoint.blob_scan import (
     scan_compressed,
     unscanned_problem,
 )
+from torch_skills.checkpoint.confine import Confinement
 from torch_skills.checkpoint.dcp_format import DcpScan, scan_dcp_dir
-from torch_skills.checkpoint.npy_format import read_npy_header
+from torch_skills.checkpoint.npy_format import header_problem, read_npy_header
 from torch_skills.checkpoint.pickle_scan import PickleScan, ScanLimits, UnsafeRef, scan_pickle
 from torch_skills.checkpoint.problems import Problem
 from torch_skills.checkpoint.safetensors_format import (
@@ -263,12 +264,14 @@ def _scan_file(
             fmt = "archive"
         result = FileScan(path, name, fmt, size, zscan.pickles, list(zscan.problems), zip=zscan)
         if zscan.is_torchscript:
+            shown = ", ".join(zscan.code_files[:8]) + (" ..." if len(zscan.code_files) > 8 else "")
             result.problems.append(
                 Problem(
                     "torchscript_archive",
                     name,
-                    "a TorchScript archive: torch.jit.load compiles and runs its code/, and "
-                    "torch.load(weights_only=True) refuses it; load it only from a trusted source",
+                    f"a TorchScript archive: torch.jit.load compiles and runs its code ({len(zscan.code_files)} "
+                    f"files: {shown or 'none listed'}), and torch.load(weights_only=True) refuses it; load it only "
+                    "from a trusted source, or re-export its weights with torch.jit.load(...).state_dict() there",
                 )
             )
         return result
@@ -281,9 +284,15 @@ def _scan_file(
     if kind == "tar":
         with open(path, "rb") as f:
             t = scan_tar(f, name, ctx)
-        return FileScan(
-            path, name, "legacy_tar" if t.torch_legacy else "archive", size, t.pickles, t.problems
-        )
+            head = f.seek(0) or f.read(512)
+        pickles = list(t.pickles)
+        if head[257:262] != b"ustar" and size <= ctx.max_blob_bytes:
+            # an old v7 header: torch.load opens it as a tar, pickle.load reads its name field as a pickle
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                as_pickle = scan_pickle(data, f"{name} (read as a pickle)", policy, limits, nested=nested)
+            if as_pickle.unsafe_total:
+                pickles.append(as_pickle)
+        return FileScan(path, name, "legacy_tar" if t.torch_legacy else "archive", size, pickles, t.problems)
     if kind.startswith("unscanned:"):
         return FileScan(path, name, "archive", size, problems=[unscanned_problem(kind, name)])
     if kind == "npy":
@@ -357,8 +366,7 @@ def _scan_npy_file(path: Path, name: str, size: int, ctx: ScanContext) -> FileSc
         head = f.read((1 << 20) + 16)
     header = read_npy_header(head)
     if not header.ok:
-        problem = Problem("corrupt_npy", name, f"corrupt/unreadable .npy header: {header.problem}")
-        return FileScan(path, name, "numpy", size, problems=[problem])
+        return FileScan(path, name, "numpy", size, problems=[header_problem(header, name)])
     if not header.has_object:
         problems = []
         if header.nbytes is not None and size - header.data_offset < header.nbytes:
@@ -451,7 +459,7 @@ def _folder_files(root: Path, problems: list[Problem]) -> list[Path]:
                         Problem(
                             "link_outside_folder",
                             str(path),
-                            f"a symbolic link to {target}, outside the checkpoint folder; not followed",
+                            "a symbolic link that leads outside the checkpoint folder; not followed or read",
                         )
                     )
                     continue
@@ -480,14 +488,18 @@ def scan_path(
     policy: Policy | None = None,
     limits: ScanLimits | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    allowed_roots: Sequence[str | os.PathLike] = (),
 ) -> StaticScan:
-    """Scan a checkpoint file or folder; see the module docstring."""
+    """Scan a checkpoint file or folder; see the module docstring.
+
+    Every other file it opens (index shards, DCP data files, folder members) must resolve inside the
+    checked folder (a file's parent) and, when given, inside one of `allowed_roots` (confine.py)."""
     started = time.perf_counter()
     policy = policy or Policy()
     limits = limits or ScanLimits()
     root = Path(path)
     if root.is_dir():
-        result = _scan_folder(root, policy, limits, progress)
+        result = _scan_folder(root, policy, limits, progress, Confinement.of(root, allowed_roots))
     else:
         single = scan_file(root, root.name, policy, limits)
         fmt = single.format
@@ -495,8 +507,13 @@ def scan_path(
         if single.format == "safetensors_index":
             result.format = "safetensors_sharded"
             by_name = {}
+            confine = Confinement.of(root.parent, allowed_roots)
             for shard in single.index.shards if single.index else []:
                 shard_path = root.parent / shard
+                if confine.resolve(shard_path) is None:
+                    result.problems.append(confine.refusal(f"the shard {shard!r}", root.name))
+                    by_name[shard] = FileScan(shard_path, shard, "refused", 0)
+                    continue
                 if shard_path.is_file():
                     shard_scan = scan_file(shard_path, shard, policy, limits)
                     result.files.append(shard_scan)
@@ -506,13 +523,23 @@ def scan_path(
     return result
 
 
+def _confined(path: Path, root: Path, confine: Confinement, problems: list[Problem]) -> bool:
+    """True when `path` resolves inside the folder and roots; else a refusal is recorded."""
+    if confine.resolve(path) is not None:
+        return True
+    problems.append(confine.refusal(f"the file {str(path.relative_to(root))!r}", str(root)))
+    return False
+
+
 def _is_dcp(names: set[str]) -> bool:
     return ".metadata" in names and any(n.endswith(".distcp") for n in names)
 
 
-def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> StaticScan:
+def _scan_folder(
+    root: Path, policy: Policy, limits: ScanLimits, progress, confine: Confinement
+) -> StaticScan:
     problems: list[Problem] = []
-    files = _folder_files(root, problems)
+    files = [p for p in _folder_files(root, problems) if _confined(p, root, confine, problems)]
     by_folder: dict[Path, set[str]] = {}
     for p in files:
         by_folder.setdefault(p.parent, set()).add(p.name)
@@ -535,7 +562,7 @@ def _scan_folder(root: Path, policy: Policy, limits: ScanLimits, progress) -> St
         )
     for folder in sorted(dcp_folders):
         try:
-            dcp = scan_dcp_dir(folder, policy)
+            dcp = scan_dcp_dir(folder, policy, Confinement(confine.folder, confine.roots))
         except (OSError, ValueError, RecursionError, MemoryError) as e:
             result.problems.append(
                 Problem(

@@ -8,7 +8,8 @@ Members are listed from their 512-byte headers (bounded count); each regular fil
 (bounded by the context's per-blob cap and shared budget) and handed to
 `torch_skills.checkpoint.blob_scan.scan_blob`, so pickles, nested archives, .npy object arrays and
 compressed streams are found whatever the member is called. torch's own pre-0.4 layout
-(`sys_info`, `pickle`, `storages`, `tensors`) is recognised: its `storages` member interleaves
+(`sys_info`, `pickle`, `storages`, `tensors`) is recognised by any of the members torch reads
+(`pickle`, `storages`, `tensors`), whatever else is in the archive: its `storages` member interleaves
 pickles with raw storage bytes whose boundaries the scan cannot follow, so such an archive is
 never called safe (the payloads that are found are still named).
 """
@@ -86,7 +87,9 @@ def scan_tar(f: BinaryIO, source: str, ctx: ScanContext, depth: int = 1) -> TarS
     except (tarfile.TarError, OSError, EOFError, ValueError, UnicodeDecodeError) as e:
         out.problems.append(Problem("corrupt_tar", source, f"corrupt/unreadable tar archive: {str(e)[:200]}"))
     names = {m.rsplit("/", 1)[-1] for m in out.members}
-    if "pickle" in names and names <= TORCH_LEGACY_TAR:
+    # torch's legacy_load extracts "storages", "tensors" and "pickle" by name and ignores the rest,
+    # so one of them is enough, whatever else the archive holds
+    if names & TORCH_LEGACY_TAR - {"sys_info"}:
         out.torch_legacy = True
         out.problems.append(
             Problem(

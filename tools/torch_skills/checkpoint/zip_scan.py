@@ -16,14 +16,21 @@ past `max_total_bytes`. Members torch reads as raw storage bytes (those data.pkl
 ids name) are never parsed as pickles; every other member, whatever its name, is read in pieces
 (never past its declared size) and handed to `blob_scan.scan_blob`, which finds pickles of any
 protocol (with or without PROTO), .npy object arrays, nested archives and compressed streams.
-Every zipfile error (bad deflate data, version needed 255, empty names, negative seeks) becomes
-a "corrupt/unreadable" problem.
+Members are read the way torch's own zip reader (miniz in PyTorchFileReader) reads them, not
+the way Python's zipfile does: names are found without regard to letter case (`DATA.PKL` is
+torch's data.pkl), the data starts where the local header's lengths say, the local header's name
+is not compared with the central directory's (a mismatch is reported as hostile) and no CRC is
+checked (a bad one is reported as a warning); so what is scanned is what torch.load unpickles.
+Python's zipfile only lists the central directory. Every member that cannot be read (bad deflate
+data, version needed 255, empty names, negative seeks) becomes a "corrupt/unreadable" problem,
+never a silent skip.
 
 Known limitations: a TorchScript archive's code/ is reported, not analysed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -61,6 +68,7 @@ class ZipMember:
     compressed_bytes: int
     bytes: int
     method: int
+    crc: int = 0
 
 
 @dataclass
@@ -76,6 +84,13 @@ class ZipScan:
     refused_members: set[str] = field(default_factory=set)  # bombs and members past the file's end
     pickles: list[PickleScan] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    by_info: dict[int, ZipMember] = field(default_factory=dict)  # id(ZipInfo) -> where its bytes are
+    code_files: list[str] = field(default_factory=list)  # a TorchScript archive's code/*.py (not pickles)
+
+    def find(self, name: str) -> str | None:
+        """The member torch's reader returns for `name`: matched without regard to letter case."""
+        lower = name.lower()
+        return next((m.name for m in self.members if m.name.lower() == lower), None)
 
     @property
     def opened(self) -> bool:
@@ -207,6 +222,7 @@ def _check_name(scan: ZipScan, name: str) -> None:
 
 def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, limits: ZipLimits) -> None:
     seen: set[str] = set()
+    folded: dict[str, str] = {}
     spans: list[tuple[int, int, str]] = []
     for info in zf.infolist():
         name = info.filename
@@ -243,6 +259,17 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
             _problem(scan, "corrupt_zip", name, f"no local file header at offset {info.header_offset}")
             continue
         name_len, extra_len = struct.unpack_from("<HH", header, 26)
+        local_name = f.read(name_len)
+        central = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", "replace")
+        if local_name != central:
+            _problem(
+                scan,
+                "zip_local_name_mismatch",
+                name,
+                "the member's local header names a different file than the central directory: torch's reader "
+                "ignores local names and Python's zipfile refuses the member, so loaders disagree about it "
+                "(it was read the way torch reads it)",
+            )
         data_offset = info.header_offset + 30 + name_len + extra_len
         data_end = data_offset + info.compress_size
         if data_end > size:
@@ -288,9 +315,21 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
             )
             scan.refused_members.add(name)
         spans.append((info.header_offset, data_end, name))
-        scan.members.append(
-            ZipMember(name, data_offset, info.compress_size, info.file_size, info.compress_type)
+        member = ZipMember(
+            name, data_offset, info.compress_size, info.file_size, info.compress_type, info.CRC
         )
+        scan.members.append(member)
+        scan.by_info[id(info)] = member
+        lower = name.lower()
+        if lower in folded and folded[lower] != name:
+            _problem(
+                scan,
+                "zip_duplicate_member",
+                name,
+                "two members differ only in letter case; torch's reader finds names case-insensitively, so it "
+                "may return either one",
+            )
+        folded.setdefault(lower, name)
     spans.sort()
     for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
         if start < end:
@@ -303,10 +342,32 @@ def _check_members(f: BinaryIO, size: int, zf: zipfile.ZipFile, scan: ZipScan, l
             )
 
 
+def read_raw_member(f: BinaryIO, member: ZipMember, limit: int) -> bytes:
+    """Up to `limit` bytes of a member, read the way torch's zip reader (miniz) reads it: from the
+    offset its local header gives, stored or raw deflate, with no CRC check and no comparison of
+    the local name. Raises zlib.error or OSError on bytes that do not inflate."""
+    f.seek(member.data_offset)
+    if member.method == zipfile.ZIP_STORED:
+        return f.read(min(member.compressed_bytes, limit))
+    inflate = zlib.decompressobj(-15)
+    out = bytearray()
+    left = member.compressed_bytes
+    while left and len(out) < limit:
+        chunk = f.read(min(1 << 20, left, max(limit, 1 << 14)))  # a 512-byte peek reads 16 KiB, not 1 MiB
+        if not chunk:
+            break
+        left -= len(chunk)
+        out += inflate.decompress(chunk, limit - len(out))
+        while inflate.unconsumed_tail and len(out) < limit:
+            out += inflate.decompress(inflate.unconsumed_tail, limit - len(out))
+    return bytes(out)
+
+
 def _read_member(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits, cap: int | None = None
+    f: BinaryIO, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits, cap: int | None = None
 ) -> bytes | None:
-    """The member's bytes, read in pieces and never more than its declared size or `cap`."""
+    """The member's bytes as torch reads them, never more than its declared size or `cap`; a
+    member that cannot be read is a problem, never skipped silently."""
     cap = limits.max_pickle_bytes if cap is None else cap
     if info.file_size > cap:
         _problem(
@@ -316,23 +377,12 @@ def _read_member(
             f"member is {info.file_size} bytes (limit {cap}); not scanned",
         )
         return None
-    out = bytearray()
+    member = scan.by_info.get(id(info))
+    if member is None:
+        return None  # its header was already reported (missing, beyond the file)
     try:
-        with zf.open(info) as member:
-            while len(out) <= info.file_size:
-                piece = member.read(min(1 << 20, info.file_size + 1 - len(out)))
-                if not piece:
-                    break
-                out += piece
-    except (
-        zipfile.BadZipFile,
-        OSError,
-        EOFError,
-        ValueError,
-        NotImplementedError,
-        RuntimeError,
-        zlib.error,
-    ) as e:
+        out = read_raw_member(f, member, info.file_size + 1)
+    except (OSError, ValueError, zlib.error) as e:
         _problem(scan, "corrupt_zip", info.filename, f"corrupt/unreadable member: {e}")
         return None
     if len(out) != info.file_size:
@@ -343,15 +393,29 @@ def _read_member(
             f"member holds {len(out)} bytes but declares {info.file_size}",
         )
         return None
-    return bytes(out)
+    if zlib.crc32(out) != member.crc:
+        _problem(
+            scan,
+            "zip_bad_crc",
+            info.filename,
+            "the member's CRC does not match its bytes; torch's reader does not check it and loads the bytes "
+            "as they are, which is what was scanned",
+            severity="warning",
+            blocks_safe=False,
+        )
+    return out
 
 
-def _peek(zf: zipfile.ZipFile, info: zipfile.ZipInfo, n: int = 512) -> bytes:
+def _peek(f: BinaryIO, info: zipfile.ZipInfo, scan: ZipScan, n: int = 512) -> bytes | None:
+    """The first `n` bytes as torch reads them; None (and a problem) when they cannot be read."""
+    member = scan.by_info.get(id(info))
+    if member is None:
+        return None
     try:
-        with zf.open(info) as member:
-            return member.read(n)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error):
-        return b""
+        return read_raw_member(f, member, min(n, max(info.file_size, 0)))
+    except (OSError, ValueError, zlib.error) as e:
+        _problem(scan, "corrupt_zip", info.filename, f"corrupt/unreadable member: {e}")
+        return None
 
 
 # what zipfile raises on hostile bytes: version needed 255 (NotImplementedError), an empty name
@@ -427,9 +491,14 @@ def _scan_open_zip(
         return
     first = infos[0].filename
     scan.prefix = first.split("/", 1)[0] if "/" in first else ""
-    data_name = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
+    wanted = f"{scan.prefix}/data.pkl" if scan.prefix else "data.pkl"
+    data_name = scan.find(wanted) or wanted  # torch's reader matches names without regard to case
     by_name = {i.filename: i for i in infos}
-    scan.is_torchscript = (f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl") in by_name
+    constants = f"{scan.prefix}/constants.pkl" if scan.prefix else "constants.pkl"
+    scan.is_torchscript = scan.find(constants) is not None
+    if scan.is_torchscript:  # its pickles name its compiled classes: see Policy.torchscript
+        ctx = dataclasses.replace(ctx, policy=dataclasses.replace(ctx.policy, torchscript=True))
+        policy = ctx.policy
     scanned: set[int] = set()
     declared = sum(i.file_size for i in infos if i.filename not in scan.refused_members)
     if declared > limits.max_total_bytes:
@@ -443,16 +512,15 @@ def _scan_open_zip(
     if data_name in by_name and data_name not in scan.refused_members:
         scan.data_pkl = data_name
         info = by_name[data_name]
-        data = _read_member(zf, info, scan, limits)
+        data = _read_member(f, info, scan, limits)
         if data is not None:
             scan.data_pkl_sha256 = hashlib.sha256(data).hexdigest()
             result = scan_pickle(data, f"{source}::{data_name}", policy, scan_limits, nested=nested)
             scan.pickles.append(result)
             for pid in result.persistent_ids:
                 if len(pid) >= 3 and pid[0] == "storage":
-                    scan.storage_members.add(
-                        f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
-                    )
+                    key = f"{scan.prefix}/data/{pid[2]}" if scan.prefix else f"data/{pid[2]}"
+                    scan.storage_members.add(scan.find(key) or key)
         scanned.add(id(info))
     else:
         _problem(
@@ -473,7 +541,15 @@ def _scan_open_zip(
                 "data.pkl refers to this storage record but the archive lacks it; torch.load will fail",
                 blocks_safe=False,
             )
+    code_dir = f"{scan.prefix}/code/".lower() if scan.prefix else "code/"
     for info in infos:
+        if (
+            scan.is_torchscript
+            and info.filename.lower().startswith(code_dir)
+            and info.filename.endswith(".py")
+        ):
+            scan.code_files.append(info.filename)  # TorchScript source torch.jit.load compiles: code
+            continue
         if (
             id(info) in scanned
             or info.filename in scan.storage_members
@@ -481,22 +557,24 @@ def _scan_open_zip(
             or info.is_dir()
         ):
             continue
-        _scan_member(zf, info, scan, limits, ctx, depth)
+        _scan_member(f, info, scan, limits, ctx, depth)
 
 
 def _scan_member(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits, ctx: ScanContext, depth: int
+    f: BinaryIO, info: zipfile.ZipInfo, scan: ZipScan, limits: ZipLimits, ctx: ScanContext, depth: int
 ) -> None:
     """Scan one member by content (pickle, .npy, nested archive, compressed stream, or data)."""
     where = f"{scan.source}::{info.filename}"
-    head = _peek(zf, info, 512)
+    head = _peek(f, info, scan, 512)
+    if not head:
+        return  # empty, or unreadable (reported by _peek)
     kind = kind_of(head)
-    if kind in ("data", "safetensors") or not head:
+    if kind in ("data", "safetensors"):
         return
     size = info.file_size
     if size > limits.read_whole_below and kind in ("pickle", "npy"):
         # sniff a large member first: raw tensor bytes that merely start like a pickle stop early
-        head = _peek(zf, info, limits.read_whole_below)
+        head = _peek(f, info, scan, limits.read_whole_below) or b""
         if kind == "npy":
             found = scan_blob(head, where, ctx, depth)
             if not found.pickles and not found.problems:
@@ -513,7 +591,7 @@ def _scan_member(
             "the scan's decompression budget is spent (many or huge members); this member was not scanned",
         )
         return
-    data = _read_member(zf, info, scan, limits, cap=ctx.max_blob_bytes)
+    data = _read_member(f, info, scan, limits, cap=ctx.max_blob_bytes)
     if data is None:
         return
     found = scan_blob(data, where, ctx, depth)
