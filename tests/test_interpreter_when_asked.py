@@ -88,16 +88,54 @@ async def test_route_skills_resources_and_prompts_never_start_the_detected_inter
     assert not marker.exists()
 
 
-async def test_a_files_only_call_without_torch_in_the_server_says_what_it_skipped(project, monkeypatch):
-    """verify_checkpoint without model, no torch in the server's environment: no worker, the skipped checks named."""
+async def test_a_files_only_call_without_torch_in_the_server_answers_from_the_static_scan(
+    project, monkeypatch
+):
+    """verify_checkpoint without model, no torch in the server's environment: the static verdict, the skipped checks named."""
     root, _, marker = project
     monkeypatch.setattr(server_module, "server_has_torch", lambda: False)
     path = _checkpoint(root)
     async with entered_in_own_task(lambda: Client(build_server(prewarm=False))) as client:
         result = await client.call_tool("verify_checkpoint", {"path": str(path)})
-    text = result.content[0].text
-    assert result.is_error and "skipped" in text and "install torch" in text and "--python" in text, text
+    assert not result.is_error, result.content[0].text
+    data = result.structured_content
+    assert data["verdict"] == "safe" and data["loaded"] is False and data["format"] == "safetensors"
+    skipped = next(f for f in data["findings"] if f["code"] == "checks_skipped_without_torch")
+    assert "--python" in skipped["message"] and "torch-skills[torch]" in skipped["message"]
+    assert "Static scan only" in data["summary"]
     assert not marker.exists()
+
+
+async def test_a_worker_without_torch_scans_statically_and_refuses_everything_else(tmp_path: Path):
+    """Under an interpreter with no torch at all, the --without-torch worker runs the static scan only."""
+    from tests.project_envs import make_env
+    from torch_skills.checkpoint.models import VerifyCheckpointRequest
+    from torch_skills.runner.errors import WorkerError
+    from torch_skills.runner.pool import WorkerPool
+
+    python = make_env(tmp_path / "notorch", with_torch=False)
+    path = _checkpoint(tmp_path)
+    async with WorkerPool(python=str(python), without_torch=True) as pool:
+        job = await pool.run(
+            "torch_skills.checkpoint.static_only:run",
+            VerifyCheckpointRequest(path=str(path)),
+            timeout_s=60,
+            memory_limit_bytes=1 << 30,
+            device="cpu",
+            cwd=tmp_path,
+            allowed_roots=[tmp_path],
+        )
+        assert job.result["verdict"] == "safe" and job.torch_version == ""
+        with pytest.raises(WorkerError, match="No Python with torch"):
+            await pool.run(
+                "torch_skills.gradients.worker:run",
+                VerifyCheckpointRequest(path=str(path)),
+                timeout_s=60,
+                memory_limit_bytes=1 << 30,
+                device="cpu",
+                cwd=tmp_path,
+                allowed_roots=[tmp_path],
+            )
 
 
 @pytest.mark.slow  # starts two workers (the server's own Python, then the project's): about 15 s

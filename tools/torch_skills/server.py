@@ -252,13 +252,15 @@ def build_server(
                     python_source=worker_python.source,
                 )
             )
-            own_pool: WorkerPool | None = pool
-            if not worker_python.is_server:
-                own_pool = None
-                if own_has_torch:
-                    own_pool = await stack.enter_async_context(
-                        WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD)
-                    )
+            own_pool: WorkerPool = pool
+            if not own_has_torch:  # files-only calls get the static scan from a worker without torch
+                own_pool = await stack.enter_async_context(
+                    WorkerPool(max_concurrent=max_jobs, without_torch=True)
+                )
+            elif not worker_python.is_server:
+                own_pool = await stack.enter_async_context(
+                    WorkerPool(max_concurrent=max_jobs, preload=WORKER_PRELOAD)
+                )
             if prewarm and not worker_python.found_in_folder:  # a detected one runs only when asked
                 pool.prewarm(delay_s=PREWARM_DELAY_S)
             yield ServerState(pack, roots, pool, memory_limit, heartbeat_s=heartbeat, own_pool=own_pool)

@@ -287,6 +287,10 @@ def names_project_code(request: BaseModel) -> bool:
     return any(getattr(request, role, None) is not None for role in ROLES)
 
 
+# Worker functions with a torch-free variant, for files-only calls on a server installed without torch.
+WITHOUT_TORCH = {"torch_skills.checkpoint.worker:run": "torch_skills.checkpoint.static_only:run"}
+
+
 def files_only_without_torch(tool: str) -> str:
     return (
         f"{tool} names only files, which are checked under the server's own Python, and that has no torch, so "
@@ -335,6 +339,10 @@ async def run_in_worker(
     pool = state.pool if names_project_code(request) else state.own_pool
     if pool is None:
         raise ToolError(files_only_without_torch(label or fn))
+    if pool.without_torch:  # the server was installed without torch: the torch-free path, if the tool has one
+        if fn not in WITHOUT_TORCH:
+            raise ToolError(files_only_without_torch(label or fn))
+        fn = WITHOUT_TORCH[fn]
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
         # One notification at once, so every call reports progress however fast it ends (a client

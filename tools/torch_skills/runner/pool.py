@@ -157,12 +157,14 @@ class WorkerPool:
         python_source: str = "the server's own",
         start_timeout_s: float = 120.0,
         memory_budget: int | None = None,
+        without_torch: bool = False,
     ):
         self.max_concurrent = max_concurrent
         self.memory_budget = memory_budget or memory_budget_bytes()
         self.preload = preload
         self.python = python
         self.python_source = python_source  # why this interpreter (for messages)
+        self.without_torch = without_torch  # a worker that runs only torch-free functions (no torch here)
         self._deps_dir: Path | None = None
         self._package_dir: Path | None = None  # holds the `torch_skills` link the worker imports
         self._preloaded: set[str] = set()  # libraries the warm worker was asked to import
@@ -256,7 +258,7 @@ class WorkerPool:
                 if self._deps_dir is None or not self._deps_dir.is_dir():
                     self._deps_dir = interpreter.worker_dependency_dir()
                 env[interpreter.WORKER_PATH_ENV] = str(self._deps_dir)
-            args = [self.python, "-m", WORKER_MODULE]
+            args = [self.python, "-m", WORKER_MODULE, *(["--without-torch"] if self.without_torch else [])]
             for module in self.preload:
                 args += ["--preload", module]
             self._process = await anyio.open_process(
@@ -555,6 +557,8 @@ class WorkerPool:
             )
         if stopped_for == "cancelled":
             raise WorkerError("cancelled", "the call was cancelled and its process killed", output)
+        if exit_info.get("refused_without_torch"):
+            raise WorkerError("worker_unavailable", no_torch_anywhere_message(self.python), output)
         if exit_info.get("worker_died"):
             raise WorkerError(
                 "worker_unavailable",

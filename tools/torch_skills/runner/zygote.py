@@ -318,6 +318,36 @@ def _set_import_path() -> None:
     sys.path.extend(p for p in extra if p not in sys.path)
 
 
+# What a worker without torch may run (`--without-torch`): torch-free code paths only.
+TORCHLESS_FUNCTIONS = frozenset({"torch_skills.checkpoint.static_only:run"})
+
+
+class _TorchlessZygote(Zygote):
+    """Serves only TORCHLESS_FUNCTIONS; anything else is refused without forking."""
+
+    def start(self, message: dict) -> None:
+        if message.get("fn") in TORCHLESS_FUNCTIONS:
+            super().start(message)
+            return
+        self.send({"event": "exited", "job": message.get("job"), "refused_without_torch": True})
+
+
+def _serve_without_torch(out_fd: int) -> None:
+    """The worker of a server installed without torch: static checks only (see TORCHLESS_FUNCTIONS)."""
+    zygote = _TorchlessZygote(out_fd, False)
+    zygote.send(
+        {
+            "event": "ready",
+            "pid": os.getpid(),
+            "torch": "",
+            "cuda": False,
+            "python": sys.executable,
+            "python_version": platform.python_version(),
+        }
+    )
+    zygote.serve()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     _set_import_path()
@@ -332,6 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
 
     problem = environment_problem()
+    if problem is not None and "--without-torch" in argv and _torch_missing():
+        _serve_without_torch(out_fd)
+        return
     if problem is not None:  # the server turns this into every call's error, with the next step
         missing_torch = _torch_missing()
         os.write(
