@@ -132,7 +132,9 @@ def test_the_packages_in_pyproject_are_exactly_the_code_folders():
 def test_the_console_script_points_at_the_package_cli():
     """`torch-skills` is the package's cli.main, the module `python -m torch_skills` runs too."""
     assert _pyproject()["project"]["scripts"] == {"torch-skills": f"{PACKAGE}.cli:main"}
-    assert (REPO / "tools" / PACKAGE / "__main__.py").read_text().count(f"from {PACKAGE}.cli import main") == 1
+    assert (REPO / "tools" / PACKAGE / "__main__.py").read_text().count(
+        f"from {PACKAGE}.cli import main"
+    ) == 1
 
 
 def test_the_wheel_holds_one_package_with_every_skill_and_example(dists):
