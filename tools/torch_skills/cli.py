@@ -128,7 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         serve_http(server, http_settings)
     else:
-        server.run()
+        import anyio
+
+        from torch_skills.stdio_transport import serve_stdio
+
+        anyio.run(serve_stdio, server)
     return 0
 
 
