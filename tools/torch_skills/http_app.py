@@ -98,7 +98,8 @@ class HttpSettings:
         allowed_origins: list[str] | tuple[str, ...] = (),
         allowed_hosts: list[str] | tuple[str, ...] = (),
     ) -> HttpSettings:
-        """Settings from the command line; the token falls back to $TORCH_SKILLS_TOKEN."""
+        """Settings from the command line; the token falls back to $TORCH_SKILLS_TOKEN (and, on
+        loopback, to one `serve_http` generates)."""
         token = token or os.environ.get(TOKEN_ENV) or None
         settings = cls(host, port, token, tuple(allowed_origins), tuple(allowed_hosts))
         settings.validate()

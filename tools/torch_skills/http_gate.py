@@ -84,6 +84,25 @@ def request_ids(body: bytes) -> list[Any]:
     return [m["id"] for m in messages if isinstance(m, dict) and "method" in m and m.get("id") is not None]
 
 
+def _why(status: int, headers: dict[bytes, bytes]) -> str:
+    """The message for a refused Host (421), Origin (403) or Content-Type (400), with the fix."""
+
+    def given(name: bytes) -> str:
+        return repr(headers.get(name, b"").decode("latin-1")[:200])
+
+    if status == 421:
+        return (
+            f"the Host header {given(b'host')} is not a name this server answers to; "
+            "start the server with --allowed-host NAME to add one"
+        )
+    if status == 403:
+        return (
+            f"the Origin {given(b'origin')} may not call this server; "
+            "start the server with --allowed-origin ORIGIN to allow a browser app"
+        )
+    return f"Content-Type must be application/json, got {given(b'content-type')}"
+
+
 class SessionShares:
     """Which client address opened which live session, and which sessions are busy: the per-client
     cap, and room for a newcomer when every session is taken.
@@ -209,11 +228,11 @@ class HttpGate:
             await refuse(send, 404, f"no MCP endpoint here: the server answers at {self.path}")
             return
         method = scope.get("method")
+        headers = dict(scope.get("headers") or [])
         problem = await self.security.validate_request(Request(scope), is_post=method == "POST")
         if problem is not None:  # 421 foreign Host, 403 foreign Origin, 400 wrong Content-Type
-            await refuse(send, problem.status_code, bytes(problem.body).decode("utf-8", "replace"))
+            await refuse(send, problem.status_code, _why(problem.status_code, headers))
             return
-        headers = dict(scope.get("headers") or [])
         if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
             await refuse(
                 send,
