@@ -103,6 +103,14 @@ def _why(status: int, headers: dict[bytes, bytes]) -> str:
     return f"Content-Type must be application/json, got {given(b'content-type')}"
 
 
+def _is_initialize(body: bytes) -> bool:
+    try:
+        data = pydantic_core.from_json(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("method") == "initialize"
+
+
 class SessionShares:
     """Which client address opened which live session, and which sessions are busy: the per-client
     cap, and room for a newcomer when every session is taken.
@@ -261,14 +269,6 @@ class HttpGate:
                 code=INTERNAL_ERROR,
             )
             return
-        if not sid and not await self.shares.make_room():
-            await refuse(
-                send,
-                503,
-                f"all {self.shares.total} sessions are busy with calls; try again when one finishes",
-                code=INTERNAL_ERROR,
-            )
-            return
         declared = headers.get(b"content-length")
         if declared is not None:
             try:
@@ -285,6 +285,16 @@ class HttpGate:
         if sid:
             with self.shares.in_flight(sid):
                 await self._forward(scope, receive, send, body)
+            return
+        # Only an initialize opens a session (the SDK refuses anything else without a session id), so
+        # only an initialize may close an idle session to make room.
+        if _is_initialize(body) and not await self.shares.make_room():
+            await refuse(
+                send,
+                503,
+                f"all {self.shares.total} sessions are busy with calls; try again when one finishes",
+                code=INTERNAL_ERROR,
+            )
             return
         self.shares.opening[client] = self.shares.opening.get(client, 0) + 1
         try:
