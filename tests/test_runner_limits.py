@@ -31,22 +31,22 @@ def _rss() -> int:
         return int(f.read().split()[1]) * _PAGE
 
 
-def test_the_progress_reader_reads_a_bounded_amount_and_keeps_the_newest_complete_report(tmp_path: Path):
-    """A flood is skipped to its last 64 KiB; a line cut in half waits for its end."""
+def test_the_progress_reader_reads_a_bounded_amount_and_keeps_the_newest_complete_reports(tmp_path: Path):
+    """A flood is skipped to its last max_bytes, at most max_lines are kept; a line cut in half waits for its end."""
     path = tmp_path / "progress.jsonl"
-    reader = ProgressReader(path, max_bytes=1024)
-    assert reader.poll() is None  # no file yet
+    reader = ProgressReader(path, max_bytes=1024, max_lines=2)
+    assert reader.poll() == []  # no file yet
     path.write_bytes(b'{"progress": 1, "total": 4, "message": "one"}\n{"progress": 2, "tot')
-    assert reader.poll() == (1.0, 4.0, "one")
+    assert reader.poll() == [(1.0, 4.0, "one")]
     with open(path, "ab") as f:
         f.write(b'al": 4, "message": "two"}\n')
-    assert reader.poll() == (2.0, 4.0, "two")
+    assert reader.poll() == [(2.0, 4.0, "two")]
     with open(path, "ab") as f:
         f.write(b"y" * 100_000)  # one endless line, longer than a read
-    assert reader.poll() is None
+    assert reader.poll() == []
     with open(path, "ab") as f:
-        f.write(b'\n{"progress": 3, "total": 4, "message": "three"}\n')
-    assert reader.poll() == (3.0, 4.0, "three")
+        f.write(b"\n" + b"".join(b'{"progress": %d, "total": 9}\n' % i for i in range(3, 9)))
+    assert reader.poll() == [(7.0, 9.0, None), (8.0, 9.0, None)]
     assert reader.offset == path.stat().st_size
 
 

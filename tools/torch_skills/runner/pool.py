@@ -109,26 +109,34 @@ def sweep_stale_job_dirs(tmp: Path | None = None) -> list[Path]:
     return removed
 
 
-# At most this many bytes of a job's progress file are read per poll (every 0.25 s).
+# At most this many bytes of a job's progress file are read per poll (every 0.25 s), and at most
+# this many of the newest reports in them are relayed: a job that floods its progress file costs
+# the server a bounded read and a bounded number of notifications per poll.
 PROGRESS_READ_BYTES = 64 * 1024
+PROGRESS_LINES_PER_POLL = 8
+
+Progress = tuple[float, float | None, str | None]
 
 
 class ProgressReader:
     """Reads a job's progress file (JSON lines) from where it left off, a bounded amount per poll.
 
     Use: `reader = ProgressReader(path)`, then `reader.poll()` now and then: the newest complete
-    report as `(done, total, message)`, or None. A job that writes faster than that, or writes one
-    endless line, costs each poll at most PROGRESS_READ_BYTES: when more than that is new, the
-    reader jumps to the last PROGRESS_READ_BYTES (older reports are stale anyway) and skips the
-    partial line it lands in. Only the last complete, valid line of a read is relayed."""
+    reports since the last poll as `(done, total, message)`, oldest first, at most `max_lines`.
+    A job that writes faster than that, or writes one endless line, costs each poll at most
+    `max_bytes`: when more than that is new, the reader jumps to the last `max_bytes` (older
+    reports are stale anyway) and skips the partial line it lands in."""
 
-    def __init__(self, path: Path, max_bytes: int = PROGRESS_READ_BYTES):
+    def __init__(
+        self, path: Path, max_bytes: int = PROGRESS_READ_BYTES, max_lines: int = PROGRESS_LINES_PER_POLL
+    ):
         self.path = path
         self.max_bytes = max_bytes
+        self.max_lines = max_lines
         self.offset = 0
         self._skipping = False  # inside a line whose start was jumped over: drop it up to its newline
 
-    def poll(self) -> tuple[float, float | None, str | None] | None:
+    def poll(self) -> list[Progress]:
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -138,33 +146,41 @@ class ProgressReader:
                 f.seek(self.offset)
                 chunk = f.read(self.max_bytes)
         except OSError:
-            return None
+            return []
         end = chunk.rfind(b"\n") + 1
         if self._skipping:
             if end == 0:  # still inside the skipped line: move on past it
                 self.offset += len(chunk) if len(chunk) == self.max_bytes else 0
-                return None
+                return []
             start = chunk.find(b"\n") + 1
             self._skipping = False
         else:
             if end == 0 and len(chunk) == self.max_bytes:  # one line longer than a read: skip it
                 self.offset += len(chunk)
                 self._skipping = True
-                return None
+                return []
             start = 0
         self.offset += end
+        found: list[Progress] = []
         for line in reversed(chunk[start:end].splitlines()):
-            try:
-                item = json.loads(line)
-                total = item.get("total")
-                message = item.get("message")
-                return (
-                    float(item["progress"]),
-                    float(total) if total is not None else None,
-                    str(message)[:1000] if message is not None else None,
-                )
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
+            if len(found) == self.max_lines:
+                break
+            item = _progress_item(line)
+            if item is not None:
+                found.append(item)
+        return found[::-1]
+
+
+def _progress_item(line: bytes) -> Progress | None:
+    try:
+        item = json.loads(line)
+        total, message = item.get("total"), item.get("message")
+        return (
+            float(item["progress"]),
+            float(total) if total is not None else None,
+            str(message)[:1000] if message is not None else None,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -569,8 +585,7 @@ class WorkerPool:
             with anyio.move_on_after(0.25):
                 await pending.exited.wait()
             finished = pending.exited.is_set()  # one last read after the exit: no line is lost
-            item = await anyio.to_thread.run_sync(reader.poll)  # a disk read never blocks the loop
-            if item is not None:
+            for item in await anyio.to_thread.run_sync(reader.poll):  # the read never blocks the loop
                 await callback(*item)
 
     def _outcome(
