@@ -125,9 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"torch-skills: {e}\n")
         return 2
     if http_settings is not None:
-        from torch_skills.http_app import serve_http
+        from torch_skills.http_app import HttpConfigError, serve_http
 
-        serve_http(server, http_settings)
+        try:
+            serve_http(server, http_settings)
+        except HttpConfigError as e:  # e.g. no folder to write a generated token to
+            sys.stderr.write(f"torch-skills: {e}\n")
+            return 2
     else:
         import anyio
 

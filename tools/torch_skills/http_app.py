@@ -13,7 +13,7 @@ What it enforces, in this order and before any byte of a request body is read:
   application/json` (a cross-origin `text/plain` form post is refused without being read).
 - Every request needs `Authorization: Bearer <token>`, on loopback too. The token is `--token` or
   $TORCH_SKILLS_TOKEN; without either, one is generated at start, written to a file only the user
-  can read (`token_file_path`: $XDG_RUNTIME_DIR/torch-skills/ or ~/.cache/torch-skills/) and
+  can read (`token_file_paths`: $XDG_RUNTIME_DIR/torch-skills/ or ~/.cache/torch-skills/) and
   printed on stderr with the URL. Bound beyond loopback, the token must be given explicitly.
 - A body larger than MAX_BODY_BYTES is refused from its Content-Length, or once that many bytes
   arrived without one; a request's headers must arrive within HEADER_TIMEOUT_S of its first byte,
@@ -144,12 +144,14 @@ class HttpSettings:
         )
 
 
-def token_file_path(port: int) -> Path:
-    """Where a generated token is written: $XDG_RUNTIME_DIR/torch-skills/ (a per-user folder the
-    system clears at logout) when there is one, else ~/.cache/torch-skills/; one file per port."""
+def token_file_paths(port: int) -> list[Path]:
+    """Where a generated token is written, first choice first: $XDG_RUNTIME_DIR/torch-skills/ (a
+    per-user folder the system clears at logout) when there is one, then ~/.cache/torch-skills/;
+    one file per port, so servers on different ports do not overwrite each other's token."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path.home() / ".cache"
-    return base / "torch-skills" / f"http-token-{port}"
+    bases = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
+    bases.append(Path.home() / ".cache")
+    return [base / "torch-skills" / f"http-token-{port}" for base in bases]
 
 
 def write_token_file(path: Path, token: str) -> None:
@@ -164,15 +166,24 @@ def write_token_file(path: Path, token: str) -> None:
 
 
 def ensure_token(settings: HttpSettings) -> tuple[HttpSettings, Path | None]:
-    """`settings` with a token: the given one, or a new random one written to `token_file_path`
-    (returned with it). Beyond loopback the token must be given (validate() says so)."""
+    """`settings` with a token: the given one, or a new random one written to the first writable
+    of `token_file_paths` (returned with it). Beyond loopback the token must be given (validate()
+    says so)."""
     settings.validate()
     if settings.token:
         return settings, None
     token = secrets.token_urlsafe(32)
-    path = token_file_path(settings.port)
-    write_token_file(path, token)
-    return dataclasses.replace(settings, token=token), path
+    problems = []
+    for path in token_file_paths(settings.port):
+        try:
+            write_token_file(path, token)
+            return dataclasses.replace(settings, token=token), path
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror or e}")
+    raise HttpConfigError(
+        f"could not write the generated HTTP token ({'; '.join(problems)}); pass --token SECRET or set "
+        f"{TOKEN_ENV} instead"
+    )
 
 
 def start_banner(settings: HttpSettings, token_file: Path | None) -> str:
@@ -286,7 +297,7 @@ def _max_connections() -> int:
 
 def serve_http(mcp: Any, settings: HttpSettings) -> None:
     """Run the server over streamable HTTP until interrupted (validates the settings first; without a
-    token, generates one, writes it to `token_file_path` and prints it with the URL on stderr)."""
+    token, generates one, writes it to the first of `token_file_paths` it can and prints it with the URL on stderr)."""
     import anyio
     import uvicorn
 
