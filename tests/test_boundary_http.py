@@ -5,6 +5,7 @@ client and in total."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -32,8 +33,8 @@ sys.path.insert(0, {repo!r}); import server
 from torch_skills.http_app import HttpSettings, serve_http
 from torch_skills.server import build_server
 serve_http(build_server(allow=[{project!r}], max_jobs=2), HttpSettings(port={port}, token={token!r},
-           header_timeout_s=1.0, body_timeout_s=1.0, session_idle_s=3.0, max_sessions=4,
-           max_sessions_per_client=3))
+           header_timeout_s=1.0, body_timeout_s=1.0, session_idle_s=3.0, max_sessions={sessions},
+           max_sessions_per_client={per_client}))
 """
 PIDS: dict[str, int] = {}  # server address -> its process id, for RSS checks
 
@@ -55,21 +56,33 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server(project: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def _serving(project: Path, sessions: int, per_client: int) -> Iterator[str]:
+    """A server process with the short test limits; yields its 'host:port'."""
     port = _free_port()
-    code = SERVE.format(repo=str(REPO), project=str(project), port=port, token=TOKEN)
+    code = SERVE.format(
+        repo=str(REPO), project=str(project), port=port, token=TOKEN, sessions=sessions, per_client=per_client
+    )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 60
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        assert time.monotonic() < deadline and proc.poll() is None, "the HTTP server did not start"
-        time.sleep(0.1)
-    PIDS[f"127.0.0.1:{port}"] = proc.pid
-    yield f"127.0.0.1:{port}"
-    proc.kill()
-    proc.wait(timeout=10)
+    try:
+        deadline = time.monotonic() + 60
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and proc.poll() is None, "the HTTP server did not start"
+            time.sleep(0.1)
+        PIDS[f"127.0.0.1:{port}"] = proc.pid
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(project: Path) -> Iterator[str]:
+    """The server most tests share (room for the sessions they open)."""
+    with _serving(project, sessions=16, per_client=12) as address:
+        yield address
 
 
 def _headers(**extra: str) -> dict[str, str]:
@@ -199,11 +212,14 @@ def _from(address: str):
     return httpx.Client(timeout=30, transport=httpx.HTTPTransport(local_address=address))
 
 
-def test_sessions_are_capped_per_client_and_a_full_server_makes_room_for_a_new_client(server: str):
+def test_sessions_are_capped_per_client_and_a_full_server_makes_room_for_a_new_client(project: Path):
     """One client gets at most its share; when all are open, the longest-idle session makes room."""
-    url = f"http://{server}/mcp"
+    with _serving(project, sessions=4, per_client=3) as server:
+        _check_session_limits(f"http://{server}/mcp")
+
+
+def _check_session_limits(url: str) -> None:
     ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
-    time.sleep(3.5)  # let the sessions of earlier tests expire
     with _from("127.0.0.1") as a, _from("127.0.0.2") as b, _from("127.0.0.3") as c:
         mine = [_session(a, url) for _ in range(3)]
         refused = a.post(url, headers=_headers(), json=INITIALIZE)

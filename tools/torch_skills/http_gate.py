@@ -170,6 +170,29 @@ class SessionShares:
                 await anyio.sleep(0.01)
         return True
 
+    @contextlib.contextmanager
+    def opening_for(self, client: str) -> Iterator[Callable[[str], None]]:
+        """Count an opening request of `client` until it ends or the session it opened is known:
+        the body calls the yielded function with the new session id (counted once, never twice)."""
+        self.opening[client] = self.opening.get(client, 0) + 1
+        pending = [True]
+
+        def stop_counting() -> None:
+            if pending[0]:
+                pending[0] = False
+                self.opening[client] -= 1
+                if not self.opening[client]:
+                    del self.opening[client]
+
+        def opened(sid: str) -> None:
+            self.opened(sid, client)
+            stop_counting()
+
+        try:
+            yield opened
+        finally:
+            stop_counting()
+
     def seen(self, sid: str) -> None:
         if sid in self.owner:
             self.last_seen[sid] = time.monotonic()
@@ -296,13 +319,8 @@ class HttpGate:
                 code=INTERNAL_ERROR,
             )
             return
-        self.shares.opening[client] = self.shares.opening.get(client, 0) + 1
-        try:
-            await self._forward(scope, receive, send, body, opened_by=client)
-        finally:
-            self.shares.opening[client] -= 1
-            if not self.shares.opening[client]:
-                del self.shares.opening[client]
+        with self.shares.opening_for(client) as done:
+            await self._forward(scope, receive, send, body, opened=done)
 
     def _too_big(self) -> str:
         return f"the request body is larger than {self.max_body_bytes} bytes, the most this server reads"
@@ -332,7 +350,7 @@ class HttpGate:
         return b"".join(chunks)
 
     async def _forward(
-        self, scope: Any, receive: Any, send: Any, body: bytes, opened_by: str | None = None
+        self, scope: Any, receive: Any, send: Any, body: bytes, opened: Callable[[str], None] | None = None
     ) -> None:
         import anyio
 
@@ -356,10 +374,10 @@ class HttpGate:
             return message
 
         async def tracked_send(message: Any) -> None:
-            if message["type"] == "http.response.start" and opened_by is not None:
+            if message["type"] == "http.response.start" and opened is not None:
                 new = dict(message.get("headers") or []).get(SESSION_HEADER)
                 if new and message.get("status", 200) < 400:
-                    self.shares.opened(new.decode("latin-1"), opened_by)
+                    opened(new.decode("latin-1"))
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 state["answered"] = True
             await send(message)
