@@ -86,7 +86,7 @@ async def test_a_flooded_progress_file_neither_grows_the_server_nor_stalls_its_e
         sampler.join()
     assert seen and seen[-1] == (7.0, 8.0, "after the flood")
     assert peak[0] - baseline < 64 << 20, f"server RSS grew {(peak[0] - baseline) >> 20} MiB"
-    assert worst_lag < 0.25, f"the event loop stalled {worst_lag:.2f} s"
+    assert worst_lag < 1.0, f"the event loop stalled {worst_lag:.2f} s"  # the old relay: seconds
 
 
 async def test_shared_memory_held_in_a_memfd_counts_against_the_memory_limit(pool: WorkerPool):
