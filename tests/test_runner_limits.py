@@ -50,6 +50,7 @@ def test_the_progress_reader_reads_a_bounded_amount_and_keeps_the_newest_complet
     assert reader.offset == path.stat().st_size
 
 
+@pytest.mark.slow  # writes 512 MiB: about 10 s; the reader's bounds are checked in the quick set above
 async def test_a_flooded_progress_file_neither_grows_the_server_nor_stalls_its_event_loop(pool: WorkerPool):
     """512 MiB of progress in one line: server RSS stays flat, the loop keeps ticking, the last report arrives."""
     await pool.run(f"{JOBS}:echo", {}, timeout_s=120)  # the worker is warm before measuring
