@@ -4,7 +4,8 @@ Run from the repository root (a few minutes on 2 cores):
 
     python bench/load.py [--clients 20] [--calls 100] [--gradients 32] [--sequential 300]
 
-It starts `python server.py --transport http` on 127.0.0.1 and measures, in one run:
+It starts `python server.py --transport http` on 127.0.0.1 (with a bearer token made for the run,
+sent by every client) and measures, in one run:
   1. --clients concurrent MCP clients, each making --calls `route` calls;
   2. --gradients concurrent `check_gradients` calls on bench/tiny_mlp.py (queued on the
      server's --max-jobs workers);
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -29,7 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+import httpx2
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = [
@@ -39,6 +44,20 @@ QUERIES = [
     "torch.load says Weights only load failed",
     "my training loop is slow, GPU utilisation is 30%",
 ]
+
+
+TOKEN = secrets.token_urlsafe(24)  # the server needs a bearer token; this run gives it one
+
+
+@contextlib.asynccontextmanager
+async def _client(url: str):
+    """An MCP client that sends the bearer token on every request."""
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=600)) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
 
 
 def _free_port() -> int:
@@ -107,6 +126,7 @@ async def main(args: argparse.Namespace) -> int:
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "TORCH_SKILLS_TOKEN": TOKEN},
     )
     url = f"http://127.0.0.1:{port}/mcp"
     try:
@@ -116,7 +136,7 @@ async def main(args: argparse.Namespace) -> int:
                 raise SystemExit("the server did not start")
             await asyncio.sleep(0.1)
         gradient_args = {"model": "bench/tiny_mlp.py:build", "input_shape": [8, 64], "timeout_s": 600}
-        async with Client(url) as warm:  # warm-up: the torch worker and the first route
+        async with _client(url) as warm:  # warm-up: the torch worker and the first route
             await warm.call_tool("route", {"query": QUERIES[0]})
             await warm.call_tool("check_gradients", gradient_args)
         rss_start = _rss_bytes(server.pid)
@@ -127,7 +147,7 @@ async def main(args: argparse.Namespace) -> int:
         started = time.perf_counter()
 
         async def one_client(i: int) -> None:
-            async with Client(url) as client:
+            async with _client(url) as client:
                 for j in range(args.calls):
                     await _timed(client, "route", {"query": QUERIES[(i + j) % len(QUERIES)]}, lat, err)
 
@@ -139,7 +159,7 @@ async def main(args: argparse.Namespace) -> int:
 
         lat, err = [], []
         started = time.perf_counter()
-        async with Client(url) as client:
+        async with _client(url) as client:
             await asyncio.gather(
                 *(_timed(client, "check_gradients", gradient_args, lat, err) for _ in range(args.gradients))
             )
@@ -150,7 +170,7 @@ async def main(args: argparse.Namespace) -> int:
 
         lat, err = [], []
         started = time.perf_counter()
-        async with Client(url) as client:
+        async with _client(url) as client:
             for j in range(args.sequential):
                 await _timed(client, "route", {"query": QUERIES[j % len(QUERIES)]}, lat, err)
         rows.append(_row(f"{args.sequential} sequential route", lat, err, time.perf_counter() - started))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from torch_skills.refpolicy import ReferenceRefused, refuse_by_name
 from torch_skills.roots import AllowedRoots, PathNotAllowed
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack, SkillPathError, UnknownSkill
 from torch_skills.skillpack.route import Router
 from torch_skills.userspec import BadName, CodeRef, CodeRefError
 from torch_skills.wire import wire_safe, wire_safe_value
@@ -27,7 +27,8 @@ REFERENCE_LIKE = st.builds(
     st.sampled_from([":", "::", "", ":."]),
     st.one_of(ANY_TEXT, st.from_regex(r"[A-Za-z_][A-Za-z0-9_.]{0,30}", fullmatch=True)),
 )
-ROUTER = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
+PACK = SkillPack.load(DEFAULT_SKILLS_DIR)
+ROUTER = Router.from_pack(PACK)
 
 
 @FAST
@@ -79,3 +80,16 @@ def test_wire_safe_text_always_encodes_and_keeps_valid_text_unchanged(text: str)
         assert safe == text
     except UnicodeEncodeError:
         assert len(safe) == len(text) and "\ufffd" in safe
+
+
+@FAST
+@given(st.sampled_from(sorted(PACK.skills)), st.one_of(ANY_TEXT, st.sampled_from(["SKILL.md", "references"])))
+@example("debugging-techniques", "SKILL\x00.md")  # found by issue 21: a bare internal error before
+def test_any_skill_file_path_reads_a_file_or_gets_a_skill_path_error(name: str, path: str):
+    """SkillPack.read answers every path text with bytes or SkillPathError/UnknownSkill, never a crash."""
+    try:
+        data = PACK.read(name, path)
+    except (SkillPathError, UnknownSkill) as e:
+        assert str(e)
+        return
+    assert isinstance(data, bytes)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.http_client import TEST_TOKEN
 from tests.raw_jsonrpc import INITIALIZE
 
 # Each module starts real server processes (stdio or HTTP): tens of seconds, so the slow CI step.
@@ -140,6 +141,7 @@ def test_http_answers_stay_utf8_with_non_utf8_names_messages_and_output(project:
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "TORCH_SKILLS_TOKEN": TEST_TOKEN},
     )
     try:
         deadline = time.monotonic() + 60
@@ -147,7 +149,11 @@ def test_http_answers_stay_utf8_with_non_utf8_names_messages_and_output(project:
             assert time.monotonic() < deadline, "the HTTP server did not start"
             time.sleep(0.1)
         url = f"http://127.0.0.1:{port}/mcp"
-        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+            "authorization": f"Bearer {TEST_TOKEN}",
+        }
         with httpx.Client(timeout=120) as http:
             init = http.post(url, headers=headers, json=INITIALIZE)
             headers |= {
@@ -164,6 +170,43 @@ def test_http_answers_stay_utf8_with_non_utf8_names_messages_and_output(project:
                     if line.startswith(b"data: ") and b'"id"' in line:
                         raw[request["id"]] = line[len(b"data: ") :]
         _check_answers(raw)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_stdio_answers_malformed_lines_with_json_rpc_errors_and_keeps_serving():
+    """A line that is not JSON, nests 100,000 deep, or is not JSON-RPC gets an error reply, not silence."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "server.py"), "--no-prewarm"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def exchange(line: bytes) -> dict:
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, f"no answer to {line[:40]!r} within 60 s"
+        return json.loads(proc.stdout.readline())
+
+    try:
+        assert exchange(json.dumps(INITIALIZE).encode())["id"] == 0
+        for line, code, request_id in (
+            (b"{not json", -32700, None),
+            (b"[" * 100_000 + b"]" * 100_000, -32700, None),
+            (b'{"jsonrpc": "2.0", "id": 9, "method": 3}', -32600, 9),
+        ):
+            answer = exchange(line)
+            assert answer["error"]["code"] == code and answer["id"] == request_id, answer
+        assert exchange(b'{"jsonrpc": "2.0", "id": 10, "method": "ping"}') == {
+            "jsonrpc": "2.0",
+            "id": 10,
+            "result": {},
+        }
     finally:
         proc.kill()
         proc.wait(timeout=10)

@@ -135,3 +135,30 @@ async def test_route_over_mcp_returns_structured_skills_and_evidence(client: Cli
     assert not result.is_error
     assert result.structured_content["skills"][0] == "distributed-training-strategies"
     assert result.structured_content["evidence"]["distributed-training-strategies"]
+
+
+ODD_PATHS = ["SKILL\x00.md", "references/\x00", "a\nb.md", "SKILL.md\x7f", "refer\udc80ences/x.md"]
+
+
+@pytest.mark.parametrize("path", ODD_PATHS)
+async def test_get_skill_with_a_nul_or_control_character_in_the_path_is_a_clear_tool_error(
+    client: Client, path: str
+):
+    """A NUL, newline, control or undecodable character names the character and lists the files."""
+    result = await client.call_tool("get_skill", {"name": "debugging-techniques", "path": path})
+    assert result.is_error
+    text = result.content[0].text
+    assert "which no skill file name has" in text and "references/" in text
+
+
+@pytest.mark.parametrize("path", ODD_PATHS[:4])
+async def test_skills_get_and_resources_with_odd_characters_answer_with_a_clear_error(
+    client: Client, path: str
+):
+    """skills/get says the character is wrong (-32602); resources/read says the resource is unknown."""
+    with pytest.raises(MCPError) as err:
+        await _skills_request(client, "skills/get", _GetParams(uri=f"skill://debugging-techniques/{path}"))
+    assert err.value.error.code == -32602
+    with pytest.raises(MCPError) as err:
+        await client.read_resource(f"skill://debugging-techniques/{path}")
+    assert "Unknown resource" in str(err.value)

@@ -15,6 +15,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from tests.http_client import TEST_TOKEN, http_client
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -57,7 +59,7 @@ async def test_the_http_transport_serves_on_loopback_only():
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_SKILLS_TOKEN": TEST_TOKEN},
     )
     try:
         deadline = time.monotonic() + 30
@@ -72,7 +74,7 @@ async def test_the_http_transport_serves_on_loopback_only():
         if listening.returncode == 0 and listening.stdout.strip():  # ss present: check the bound address
             local_addresses = {line.split()[3].rsplit(":", 1)[0] for line in listening.stdout.splitlines()}
             assert local_addresses == {"127.0.0.1"}
-        async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+        async with http_client(f"http://127.0.0.1:{port}/mcp", TEST_TOKEN) as c:
             result = await c.call_tool("route", {"query": "torch.load says Weights only load failed"})
             assert result.structured_content["skills"][0] == "checkpointing-and-reproducibility"
     finally:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.http_client import TEST_TOKEN
+
 REPO = Path(__file__).resolve().parents[1]
 CLIENTS = REPO / "tests" / "clients"
 MODEL = "tests/fixtures/client_models.py"
@@ -145,8 +147,11 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # the stdio tour covers every tool in the quick set; HTTP runs in the slow step
-def test_the_typescript_sdk_client_uses_every_tool_over_streamable_http(node_client: Path, checkpoint: Path):
-    """The same tour over streamable HTTP on 127.0.0.1."""
+def test_the_typescript_sdk_client_uses_every_tool_over_streamable_http(
+    node_client: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The same tour over streamable HTTP on 127.0.0.1, with the bearer token the server needs."""
+    monkeypatch.setenv("TORCH_SKILLS_TOKEN", TEST_TOKEN)  # the server and the node client both read it
     port = _free_port()
     server = subprocess.Popen(
         _server_command(checkpoint, "--transport", "http", "--port", str(port)),

@@ -4,7 +4,8 @@
 //   scenario  "tour": discover the Skills extension, list and call every tool, check progress
 //             and cancellation; "long": one call of options.sleep_s seconds under a 60 s
 //             request timeout that resets on progress.
-//   transport "stdio" (target: a JSON array, the server command line) or "http" (target: URL).
+//   transport "stdio" (target: a JSON array, the server command line) or "http" (target: URL;
+//             the bearer token comes from $TORCH_SKILLS_TOKEN).
 // Prints one JSON report on stdout; the Python test asserts on it. Structured results are
 // checked against each tool's outputSchema twice: by the SDK's own callTool (it validates
 // whenever listTools gave it the schema) and here with Ajv, so a pass does not hinge on the
@@ -27,7 +28,10 @@ function transport() {
     const [command, ...args] = JSON.parse(target);
     return new StdioClientTransport({ command, args, cwd: options.cwd, env: { ...process.env }, stderr: "inherit" });
   }
-  return new StreamableHTTPClientTransport(new URL(target));
+  // The server needs its bearer token on every request (TORCH_SKILLS_TOKEN, as the server reads it).
+  const token = process.env.TORCH_SKILLS_TOKEN;
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  return new StreamableHTTPClientTransport(new URL(target), { requestInit: { headers } });
 }
 
 function progressRecorder() {

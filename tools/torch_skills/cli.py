@@ -2,7 +2,7 @@
 
 Use it as:
     torch-skills                                  # stdio, for Claude Code / Desktop / Cursor / VS Code / Codex
-    torch-skills --transport http --port 8765     # streamable HTTP on 127.0.0.1
+    torch-skills --transport http --port 8765     # streamable HTTP on 127.0.0.1 (prints URL and token)
     torch-skills --check                          # validate the skills and exit
     torch-skills --demo                           # call every tool on the bundled example and print results
 (`python server.py ...` in a clone, `python -m torch_skills ...` anywhere it is installed.)
@@ -32,7 +32,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--token",
         default=None,
-        help="HTTP bearer token clients must send (default: $TORCH_SKILLS_TOKEN); required beyond loopback",
+        help="HTTP bearer token clients must send (default: $TORCH_SKILLS_TOKEN, else a random one made at "
+        "start, printed with the URL and written to a file only you can read); required beyond loopback",
     )
     p.add_argument(
         "--allowed-origin",
@@ -124,11 +125,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"torch-skills: {e}\n")
         return 2
     if http_settings is not None:
-        from torch_skills.http_app import serve_http
+        from torch_skills.http_app import HttpConfigError, serve_http
 
-        serve_http(server, http_settings)
+        try:
+            serve_http(server, http_settings)
+        except HttpConfigError as e:  # e.g. no folder to write a generated token to
+            sys.stderr.write(f"torch-skills: {e}\n")
+            return 2
     else:
-        server.run()
+        import anyio
+
+        from torch_skills.stdio_transport import serve_stdio
+
+        anyio.run(serve_stdio, server)
     return 0
 
 

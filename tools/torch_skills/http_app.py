@@ -6,40 +6,56 @@ or in code:
     settings = HttpSettings.from_args(host="0.0.0.0", port=8765, token=os.environ["TORCH_SKILLS_TOKEN"])
     serve_http(build_server(), settings)           # blocks; HttpConfigError if the settings are unsafe
 
-What it enforces:
-- Bound beyond loopback, every request needs `Authorization: Bearer <token>` (`--token` or the
-  TORCH_SKILLS_TOKEN environment variable); without a token it refuses to start. On loopback a
-  token is optional (checked when given).
-- Host and Origin are checked (the SDK's DNS-rebinding protection): loopback names always, the
-  bound host, `--allowed-host` values and the hosts of `--allowed-origin` values; browsers'
-  Origin must be a loopback origin or one given with `--allowed-origin`.
-- A request's headers must arrive within HEADER_TIMEOUT_S of its first byte, its body within
-  BODY_TIMEOUT_S (a slow client cannot hold a connection open); bodies are capped by the SDK (4 MiB).
-- Sessions that stay idle SESSION_IDLE_S are closed, at most MAX_SESSIONS live at once, and a
-  client that drops its connection mid-call has the call cancelled (its worker process killed).
+What it enforces, in this order and before any byte of a request body is read:
+- Host and Origin are checked (DNS-rebinding protection): loopback names always, the bound host,
+  `--allowed-host` values and the hosts of `--allowed-origin` values; a browser's Origin must be
+  a loopback origin or one given with `--allowed-origin`. A POST must say `Content-Type:
+  application/json` (a cross-origin `text/plain` form post is refused without being read).
+- Every request needs `Authorization: Bearer <token>`, on loopback too. The token is `--token` or
+  $TORCH_SKILLS_TOKEN; without either, one is generated at start, written to a file only the user
+  can read (`token_file_paths`: $XDG_RUNTIME_DIR/torch-skills/ or ~/.cache/torch-skills/) and
+  printed on stderr with the URL. Bound beyond loopback, the token must be given explicitly.
+- A body larger than MAX_BODY_BYTES is refused from its Content-Length, or once that many bytes
+  arrived without one; a request's headers must arrive within HEADER_TIMEOUT_S of its first byte,
+  its body within BODY_TIMEOUT_S; an idle keep-alive connection is closed after KEEP_ALIVE_S.
+- Sessions that stay idle SESSION_IDLE_S are closed; at most MAX_SESSIONS live at once (when all
+  are open, a new one replaces the longest-unused session with no call running; 503 only when
+  every session is busy) and MAX_SESSIONS_PER_CLIENT per client address; a client that drops its connection mid-call has
+  the call cancelled (its worker process killed).
+- Every refusal is a JSON-RPC error body (id null) with the HTTP status that fits; a body that is
+  not JSON, or nests too deep, gets the SDK's JSON-RPC parse error.
 
 Known limitations: no TLS here (put a reverse proxy in front for that); the token is a shared
-secret, not per-user identity.
+secret, not per-user identity; "per client" means per remote address, so on loopback every local
+process counts as one client (the token is what keeps other local users out).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import dataclasses
 import ipaddress
-import json
 import os
+import resource
+import secrets
 import socket
+import sys
+from collections.abc import Container
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-HEADER_TIMEOUT_S = 10.0  # seconds for a request's headers, from its first byte
+HEADER_TIMEOUT_S = 5.0  # seconds for a request's headers, from its first byte (half-open connections)
 BODY_TIMEOUT_S = 30.0  # seconds for a request's whole body once its headers are in
 SESSION_IDLE_S = 300.0  # an MCP session without any request for this long is closed
-MAX_SESSIONS = 64  # live MCP sessions at once; more get 503 until one ends
+MAX_SESSIONS = 64  # live MCP sessions at once; a new one then replaces the longest-unused idle one
+MAX_SESSIONS_PER_CLIENT = 32  # live sessions one client address may hold (half: one cannot take them all)
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the largest request body (the SDK's own default cap)
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
+MAX_CONNECTIONS = 1000  # open connections at once (uvicorn answers 503 past it); kept below RLIMIT_NOFILE
 TOKEN_ENV = "TORCH_SKILLS_TOKEN"
+MCP_PATH = "/mcp"
 
 _LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]"]
 _LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
@@ -69,6 +85,8 @@ class HttpSettings:
     body_timeout_s: float = BODY_TIMEOUT_S
     session_idle_s: float = SESSION_IDLE_S
     max_sessions: int = MAX_SESSIONS
+    max_sessions_per_client: int = MAX_SESSIONS_PER_CLIENT
+    max_body_bytes: int = MAX_BODY_BYTES
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -80,7 +98,8 @@ class HttpSettings:
         allowed_origins: list[str] | tuple[str, ...] = (),
         allowed_hosts: list[str] | tuple[str, ...] = (),
     ) -> HttpSettings:
-        """Settings from the command line; the token falls back to $TORCH_SKILLS_TOKEN."""
+        """Settings from the command line; the token falls back to $TORCH_SKILLS_TOKEN (and, on
+        loopback, to one `serve_http` generates)."""
         token = token or os.environ.get(TOKEN_ENV) or None
         settings = cls(host, port, token, tuple(allowed_origins), tuple(allowed_hosts))
         settings.validate()
@@ -125,134 +144,66 @@ class HttpSettings:
         )
 
 
-# -- ASGI middleware ----------------------------------------------------------------------------
-async def _plain(send: Any, status: int, text: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8"), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": text.encode()})
+def token_file_paths(port: int) -> list[Path]:
+    """Where a generated token is written, first choice first: $XDG_RUNTIME_DIR/torch-skills/ (a
+    per-user folder the system clears at logout) when there is one, then ~/.cache/torch-skills/;
+    one file per port, so servers on different ports do not overwrite each other's token."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    bases = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
+    bases.append(Path.home() / ".cache")
+    return [base / "torch-skills" / f"http-token-{port}" for base in bases]
 
 
-class BearerToken:
-    """Refuse every HTTP request without `Authorization: Bearer <token>` (401)."""
-
-    def __init__(self, app: Any, token: str):
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                await _plain(
-                    send,
-                    401,
-                    "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                    [(b"www-authenticate", b'Bearer realm="torch-skills"')],
-                )
-                return
-        await self.app(scope, receive, send)
-
-
-def _request_ids(body: bytes) -> list[Any]:
-    """The ids of the JSON-RPC requests in a POST body (one message or a batch); [] if none."""
+def write_token_file(path: Path, token: str) -> None:
+    """Write `token` to `path`, readable and writable by the user only (folder 0700, file 0600)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        data = json.loads(body)
-    except ValueError:
-        return []
-    messages = data if isinstance(data, list) else [data]
-    return [m["id"] for m in messages if isinstance(m, dict) and "method" in m and m.get("id") is not None]
+        os.fchmod(fd, 0o600)  # a file left by an earlier run may have other bits
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
 
 
-class RequestGuard:
-    """Read a request's whole body within `timeout_s` (else 408), then hand it to the app; when the
-    client drops the connection before its answer, cancel the requests it carried.
-
-    The cancellation is the protocol's own: a `notifications/cancelled` for each request id, sent
-    into the same session, so the call's handler is cancelled and its worker process killed."""
-
-    def __init__(self, app: Any, timeout_s: float):
-        self.app = app
-        self.timeout_s = timeout_s
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST":
-            await self.app(scope, receive, send)
-            return
-        import anyio
-
-        chunks: list[bytes] = []
-        with anyio.move_on_after(self.timeout_s) as reading:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    break
-        if reading.cancelled_caught:
-            await _plain(send, 408, f"the request body did not arrive within {self.timeout_s:g} s")
-            return
-        body = b"".join(chunks)
-        ids = _request_ids(body)
-        state = {"delivered": False, "answered": False, "cancelled": False}
-
-        async def replay() -> Any:
-            if not state["delivered"]:
-                state["delivered"] = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            message = await receive()  # the next message is the client going away
-            if (
-                message["type"] == "http.disconnect"
-                and ids
-                and not state["answered"]
-                and not state["cancelled"]
-            ):
-                state["cancelled"] = True
-                with anyio.CancelScope(shield=True):
-                    await self._cancel(scope, ids)
-            return message
-
-        async def tracked_send(message: Any) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                state["answered"] = True
-            await send(message)
-
-        await self.app(scope, replay, tracked_send)
-
-    async def _cancel(self, scope: Any, ids: list[Any]) -> None:
-        for request_id in ids:
-            note = json.dumps(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "notifications/cancelled",
-                    "params": {"requestId": request_id, "reason": "the client disconnected"},
-                }
-            ).encode()
-            headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
-            headers.append((b"content-length", str(len(note)).encode()))
-            sent = False
-
-            async def once(note: bytes = note) -> Any:
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": note, "more_body": False}
-                return {"type": "http.disconnect"}
-
-            async def discard(_: Any) -> None:
-                return None
-
-            try:
-                await self.app({**scope, "headers": headers}, once, discard)
-            except Exception:  # noqa: BLE001 - best effort: the session may be gone already
-                pass
+def ensure_token(settings: HttpSettings) -> tuple[HttpSettings, Path | None]:
+    """`settings` with a token: the given one, or a new random one written to the first writable
+    of `token_file_paths` (returned with it). Beyond loopback the token must be given (validate()
+    says so)."""
+    settings.validate()
+    if settings.token:
+        return settings, None
+    token = secrets.token_urlsafe(32)
+    problems = []
+    for path in token_file_paths(settings.port):
+        try:
+            write_token_file(path, token)
+            return dataclasses.replace(settings, token=token), path
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror or e}")
+    raise HttpConfigError(
+        f"could not write the generated HTTP token ({'; '.join(problems)}); pass --token SECRET or set "
+        f"{TOKEN_ENV} instead"
+    )
 
 
+def start_banner(settings: HttpSettings, token_file: Path | None) -> str:
+    """What the server prints at start: the URL, how to send the token and where it is."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    lines = [
+        f"torch-skills: MCP over streamable HTTP at http://{host}:{settings.port}{MCP_PATH}",
+        "torch-skills: every request needs the header 'Authorization: Bearer <token>'",
+    ]
+    if token_file is not None:
+        lines += [
+            f"torch-skills: token (generated for this run): {settings.token}",
+            f"torch-skills: also written to {token_file} (readable only by you)",
+        ]
+    else:
+        lines.append(f"torch-skills: token: the one given with --token or ${TOKEN_ENV}")
+    return "\n".join(lines) + "\n"
+
+
+# -- uvicorn ------------------------------------------------------------------------------------
 def _header_timeout_protocol(timeout_s: float) -> type:
     """uvicorn's h11 protocol, closing a connection whose request headers take over `timeout_s`."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -294,25 +245,63 @@ def _header_timeout_protocol(timeout_s: float) -> type:
 
 
 def build_app(mcp: Any, settings: HttpSettings) -> Any:
-    """The ASGI app: the SDK's streamable-HTTP app inside the token and body-timeout layers."""
+    """The ASGI app: the SDK's streamable-HTTP app behind `HttpGate` (needs `settings.token`)."""
+    from torch_skills.http_gate import HttpGate
+
+    if not settings.token:
+        raise HttpConfigError("build_app needs a token: pass settings through ensure_token() first")
     app = mcp.streamable_http_app(
+        streamable_http_path=MCP_PATH,
         transport_security=settings.security(),
         session_idle_timeout=settings.session_idle_s,
         max_sessions=settings.max_sessions,
+        max_request_body_size=settings.max_body_bytes,
         host=settings.host,
     )
-    wrapped: Any = RequestGuard(app, settings.body_timeout_s)
-    if settings.token:
-        wrapped = BearerToken(wrapped, settings.token)
-    return wrapped
+
+    def live_sessions() -> Container[str] | None:
+        # The SDK keeps its open sessions here (no public accessor in mcp 2.3); None if that changes.
+        return getattr(mcp.session_manager, "_server_instances", None)
+
+    def evict(session_id: str) -> bool:
+        """End a session the way its idle timeout does (the SDK then forgets it and answers 404)."""
+        transport = (live_sessions() or {}).get(session_id)  # type: ignore[union-attr]
+        idle_scope = getattr(transport, "idle_scope", None)
+        if idle_scope is None:
+            return False
+        idle_scope.cancel()
+        return True
+
+    return HttpGate(
+        app,
+        token=settings.token,
+        security=settings.security(),
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        max_sessions=settings.max_sessions,
+        max_sessions_per_client=settings.max_sessions_per_client,
+        session_idle_s=settings.session_idle_s,
+        live_sessions=live_sessions,
+        evict=evict,
+        path=MCP_PATH,
+    )
+
+
+def _max_connections() -> int:
+    """MAX_CONNECTIONS, lowered to leave file descriptors for the server itself where the limit is low."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, soft - 128))
 
 
 def serve_http(mcp: Any, settings: HttpSettings) -> None:
-    """Run the server over streamable HTTP until interrupted (validates the settings first)."""
+    """Run the server over streamable HTTP until interrupted (validates the settings first; without a
+    token, generates one, writes it to the first of `token_file_paths` it can and prints it with the URL on stderr)."""
     import anyio
     import uvicorn
 
-    settings.validate()
+    settings, token_file = ensure_token(settings)
     config = uvicorn.Config(
         build_app(mcp, settings),
         host=settings.host,
@@ -321,8 +310,10 @@ def serve_http(mcp: Any, settings: HttpSettings) -> None:
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=5,
         h11_max_incomplete_event_size=64 * 1024,  # headers larger than 64 KiB are refused
-        limit_concurrency=256,
+        limit_concurrency=_max_connections(),
         lifespan="on",
         log_level="warning",
     )
+    sys.stderr.write(start_banner(settings, token_file))
+    sys.stderr.flush()
     anyio.run(uvicorn.Server(config).serve)

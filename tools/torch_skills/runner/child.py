@@ -7,6 +7,7 @@ request type is read from the first parameter's annotation.
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import importlib
 import inspect
@@ -74,15 +75,20 @@ def _isolate(write_fd: int) -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _limit_memory(limit_bytes: int, device: str) -> None:
+def _limit_memory(limit_bytes: int, device: str, file_size_limit_bytes: int = 0) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if file_size_limit_bytes:
+        # A write past the limit fails with EFBIG (OSError "File too large", named by _classify)
+        # instead of killing the process with SIGXFSZ; the ignore is inherited by what the job starts.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit_bytes, file_size_limit_bytes))
     # RLIMIT_AS turns a huge CPU allocation into a clean "can't allocate memory" error. CUDA reserves
     # address space far beyond physical memory, so CUDA jobs rely on the zygote's RSS watchdog alone.
     if limit_bytes and device == "cpu":
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def _classify(exc: BaseException) -> tuple[str, str]:
+def _classify(exc: BaseException, file_size_limit_bytes: int = 0) -> tuple[str, str]:
     if isinstance(exc, UserCodeError):
         return exc.kind, exc.message
     if isinstance(exc, SystemExit):
@@ -93,6 +99,14 @@ def _classify(exc: BaseException) -> tuple[str, str]:
         )
     text = f"{type(exc).__name__}: {exc}"
     where = user_location(exc)
+    if _caused_by(exc, lambda e: isinstance(e, OSError) and e.errno == errno.EFBIG):
+        limit = size_text(file_size_limit_bytes) if file_size_limit_bytes else "the limit"
+        return (
+            "file_too_large",
+            f"a file write stopped at the per-call file size limit of {limit} "
+            f"({text.splitlines()[0][:300]}{f', at {where}' if where else ''}). The tools' jobs may not write "
+            "files larger than that: write less (a shorter trace, fewer profiled steps, smaller outputs).",
+        )
     if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "out of memory" in str(exc):
         return (
             "out_of_memory",
@@ -105,6 +119,22 @@ def _classify(exc: BaseException) -> tuple[str, str]:
             f"your code raised {text.splitlines()[0][:500]} (at {where}). Fix it and call again.",
         )
     return "internal", f"torch-skills failed with {text}. This is a bug in the tool; please report it."
+
+
+def size_text(n: int) -> str:
+    """Bytes as '512 MiB' or '4.0 GiB' for messages."""
+    return f"{n / 2**20:.0f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
+
+
+def _caused_by(exc: BaseException, test: typing.Callable[[BaseException], bool]) -> bool:
+    """True when `exc` or an exception in its cause/context chain passes `test`."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 20:
+        if test(current):
+            return True
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return False
 
 
 def _resolve(fn_path: str):
@@ -122,7 +152,9 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
     before = set(sys.modules)  # what the warm worker had: the rest was imported for this call
     try:
         _isolate(write_fd)
-        _limit_memory(int(message.get("memory_limit_bytes", 0)), device)
+        _limit_memory(
+            int(message.get("memory_limit_bytes", 0)), device, int(message.get("file_size_limit_bytes", 0))
+        )
         os.chdir(message.get("cwd") or job_dir)
         ctx = JobContext(
             job_dir, device, message.get("allowed_roots", []), message.get("cwd") or str(job_dir)
@@ -142,7 +174,7 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
             },
         )
     except BaseException as exc:  # noqa: BLE001 - every failure must become a message, not a dead child
-        kind, text = _classify(exc)
+        kind, text = _classify(exc, int(message.get("file_size_limit_bytes", 0)))
         tb = "".join(traceback.format_exception(exc))
         try:
             if kind == "internal":

@@ -16,6 +16,7 @@ ErrorKind = Literal[
     "user_exception",  # the user's code raised
     "sys_exit",  # the user's code called sys.exit / raised SystemExit
     "out_of_memory",  # an allocation failed or the memory limit was hit
+    "file_too_large",  # a write went past the per-call file size limit (RLIMIT_FSIZE)
     "crash",  # the process died from a signal (segfault, abort) or os._exit
     "timeout",  # the call ran past timeout_s
     "cancelled",  # the client cancelled the call

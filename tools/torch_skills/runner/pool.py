@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from anyio.abc import Process, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -50,6 +51,9 @@ _SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}
 
 
 JOB_DIR_PREFIX = "torch-skills-job-"
+# The largest file a job may write (RLIMIT_FSIZE): a profile_model trace of a large model is tens
+# to hundreds of MB; a runaway writer (a progress or log file in a loop) stops here with EFBIG.
+FILE_SIZE_LIMIT_BYTES = 4 << 30
 # Share of physical memory the jobs may hold together; the rest is the server's and the OS's.
 MEMORY_BUDGET_FRACTION = 0.8
 
@@ -121,6 +125,81 @@ def sweep_stale_job_dirs(tmp: Path | None = None) -> list[Path]:
     return removed
 
 
+# At most this many bytes of a job's progress file are read per poll (every 0.25 s), and at most
+# this many of the newest reports in them are relayed: a job that floods its progress file costs
+# the server a bounded read and a bounded number of notifications per poll.
+PROGRESS_READ_BYTES = 64 * 1024
+PROGRESS_LINES_PER_POLL = 8
+
+Progress = tuple[float, float | None, str | None]
+
+
+class ProgressReader:
+    """Reads a job's progress file (JSON lines) from where it left off, a bounded amount per poll.
+
+    Use: `reader = ProgressReader(path)`, then `reader.poll()` now and then: the newest complete
+    reports since the last poll as `(done, total, message)`, oldest first, at most `max_lines`.
+    A job that writes faster than that, or writes one endless line, costs each poll at most
+    `max_bytes`: when more than that is new, the reader jumps to the last `max_bytes` (older
+    reports are stale anyway) and skips the partial line it lands in."""
+
+    def __init__(
+        self, path: Path, max_bytes: int = PROGRESS_READ_BYTES, max_lines: int = PROGRESS_LINES_PER_POLL
+    ):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.max_lines = max_lines
+        self.offset = 0
+        self._skipping = False  # inside a line whose start was jumped over: drop it up to its newline
+
+    def poll(self) -> list[Progress]:
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size - self.offset > self.max_bytes:
+                    self.offset = size - self.max_bytes
+                    self._skipping = True
+                f.seek(self.offset)
+                chunk = f.read(self.max_bytes)
+        except OSError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        if self._skipping:
+            if end == 0:  # still inside the skipped line: move on past it
+                self.offset += len(chunk) if len(chunk) == self.max_bytes else 0
+                return []
+            start = chunk.find(b"\n") + 1
+            self._skipping = False
+        else:
+            if end == 0 and len(chunk) == self.max_bytes:  # one line longer than a read: skip it
+                self.offset += len(chunk)
+                self._skipping = True
+                return []
+            start = 0
+        self.offset += end
+        found: list[Progress] = []
+        for line in reversed(chunk[start:end].splitlines()):
+            if len(found) == self.max_lines:
+                break
+            item = _progress_item(line)
+            if item is not None:
+                found.append(item)
+        return found[::-1]
+
+
+def _progress_item(line: bytes) -> Progress | None:
+    try:
+        item = json.loads(line)
+        total, message = item.get("total"), item.get("message")
+        return (
+            float(item["progress"]),
+            float(total) if total is not None else None,
+            str(message)[:1000] if message is not None else None,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 @dataclass
 class JobResult:
     """What a successful job returned, plus how it ran."""
@@ -158,7 +237,9 @@ class WorkerPool:
         start_timeout_s: float = 120.0,
         memory_budget: int | None = None,
         without_torch: bool = False,
+        file_size_limit_bytes: int = FILE_SIZE_LIMIT_BYTES,
     ):
+        self.file_size_limit_bytes = file_size_limit_bytes
         self.max_concurrent = max_concurrent
         self.memory_budget = memory_budget or memory_budget_bytes()
         self.preload = preload
@@ -363,13 +444,15 @@ class WorkerPool:
         cwd: Path | None = None,
         allowed_roots: list[Path] | None = None,
         on_progress: ProgressCallback | None = None,
+        file_size_limit_bytes: int | None = None,
     ) -> JobResult:
         """Run `fn` (a 'module:function' path) on `request` in a fresh child; see the module docstring.
 
         Time spent waiting for a free worker (all `max_concurrent` busy, or the memory budget taken
         by running jobs) counts toward `timeout_s`, and `on_progress` hears "waiting for a free
         worker (N ahead)" meanwhile. `memory_limit_bytes` defaults to the budget's share of one of
-        `max_concurrent` jobs; the caps of running jobs never add up to more than the budget."""
+        `max_concurrent` jobs; the caps of running jobs never add up to more than the budget.
+        `file_size_limit_bytes` (default: the pool's) bounds every file the job writes."""
         payload = request.model_dump(mode="json") if hasattr(request, "model_dump") else request
         limit = int(memory_limit_bytes or default_memory_limit_bytes(self.max_concurrent))
         if limit > self.memory_budget:
@@ -402,6 +485,7 @@ class WorkerPool:
                         "cwd": str(cwd or Path.cwd()),
                         "allowed_roots": [str(r) for r in (allowed_roots or [])],
                         "memory_limit_bytes": limit,
+                        "file_size_limit_bytes": int(file_size_limit_bytes or self.file_size_limit_bytes),
                         "device": device,
                     },
                     max(remaining, 0.001),
@@ -516,27 +600,14 @@ class WorkerPool:
             await pending.exited.wait()
 
     async def _relay_progress(self, job_dir: Path, pending: _Pending, callback: ProgressCallback) -> None:
-        path = job_dir / protocol.PROGRESS_FILE
-        offset = 0
+        reader = ProgressReader(job_dir / protocol.PROGRESS_FILE)
         finished = False
         while not finished:
             with anyio.move_on_after(0.25):
                 await pending.exited.wait()
             finished = pending.exited.is_set()  # one last read after the exit: no line is lost
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                continue
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            offset += len(complete)
-            for line in complete.splitlines():
-                try:
-                    item = json.loads(line)
-                    await callback(float(item["progress"]), item.get("total"), item.get("message"))
-                except (ValueError, KeyError, TypeError):
-                    continue
+            for item in await anyio.to_thread.run_sync(reader.poll):  # the read never blocks the loop
+                await callback(*item)
 
     def _outcome(
         self,
@@ -569,7 +640,8 @@ class WorkerPool:
             limit = message["memory_limit_bytes"] / 2**30
             raise WorkerError(
                 "out_of_memory",
-                f"the code used more than memory_limit_gib={limit:.1f} GiB of RAM and was stopped. Use a smaller batch "
+                f"the code used more than memory_limit_gib={limit:.1f} GiB of RAM (resident plus shared memory) "
+                "and was stopped. Use a smaller batch "
                 "or input_shape, or raise memory_limit_gib if the machine has room.",
                 output,
             )
@@ -600,6 +672,8 @@ class WorkerPool:
                 "SIGABRT": "an abort, usually a failed assertion in native code",
                 "SIGKILL": "killed from outside, most often by the kernel's out-of-memory killer",
                 "SIGBUS": "a bus error, often a memory-mapped file that changed underneath",
+                "SIGXFSZ": "a file grew past the per-call file size limit of "
+                f"{message.get('file_size_limit_bytes', 0) / 2**20:.0f} MiB",
             }.get(name, "a fatal signal")
             raise WorkerError(
                 "crash",

@@ -5,6 +5,7 @@ Use it in the worker processes (no torch here):
     become_subreaper()              # orphans below this process reparent to it, not to init
     kill_tree(job_pid)              # SIGKILL the job and every descendant, new sessions included
     tree_rss_bytes(job_pid)         # resident memory of the job and all its descendants
+    tree_memory_bytes(job_pid)      # ...plus the shared memory they hold (memfd, /dev/shm)
 
 A job's child that calls setsid() (subprocess `start_new_session=True`, a daemon's double fork)
 leaves the job's process group, so killing the group misses it. With the warm worker and every
@@ -12,7 +13,9 @@ job child marked as child subreapers (PR_SET_CHILD_SUBREAPER), such a process st
 tree of the job (or of the warm worker, once the job is gone), where the parent links in /proc
 find it.
 
-Known limitations: Linux only; a process that escapes by other means (asking another daemon,
+Known limitations: Linux only; tree_memory_bytes sees shared memory a process maps or holds a
+file descriptor to, not a /dev/shm file written and closed without a mapping (/dev/shm's own
+size limit applies to that), nor files on a tmpfs /tmp (bounded by RLIMIT_FSIZE per file); a process that escapes by other means (asking another daemon,
 e.g. systemd-run or a container runtime, to start it) is not a descendant and is not found.
 """
 
@@ -117,3 +120,55 @@ def _rss(pid: int) -> int:
 def tree_rss_bytes(pid: int) -> int:
     """Resident bytes of `pid` and all its descendants (DataLoader workers, escaped sessions)."""
     return _rss(pid) + sum(_rss(p) for p in descendants(pid))
+
+
+_SHARED_PREFIXES = ("/memfd:", "/dev/shm/")
+
+
+def _memory_split(pid: int) -> tuple[int, int]:
+    """(resident bytes other than shared memory, resident shared memory bytes) of one process."""
+    private = shared = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    private += int(line.split()[1]) * 1024
+                elif line.startswith("RssShmem:"):
+                    shared = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return private, shared
+
+
+def _shared_files(pid: int, into: dict[tuple[int, int], int]) -> None:
+    """Add the memfds and /dev/shm files `pid` holds open to `into` ({(dev, inode): allocated bytes})."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return
+    for fd in fds:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if not os.readlink(path).startswith(_SHARED_PREFIXES):
+                continue
+            st = os.stat(path)
+        except OSError:
+            continue
+        into[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+
+
+def tree_memory_bytes(pid: int) -> int:
+    """Memory `pid` and its descendants hold: resident memory plus shared memory (memfd, /dev/shm).
+
+    Shared memory a job writes through a file descriptor (a memfd filled with write() or
+    fallocate()) is not resident in any process, so RSS alone misses it. Each shared object is
+    counted once by inode; mapped shared memory (RssShmem) and the objects behind open descriptors
+    overlap, so the larger of the two totals is taken rather than their sum."""
+    private = mapped_shared = 0
+    files: dict[tuple[int, int], int] = {}
+    for p in (pid, *descendants(pid)):
+        own, shared = _memory_split(p)
+        private += own
+        mapped_shared += shared
+        _shared_files(p, files)
+    return private + max(mapped_shared, sum(files.values()))

@@ -1,7 +1,7 @@
 """Messages between the server's pool and the warm worker, one JSON object per line.
 
 server -> worker:  {"op": "run", "job": id, "dir": job_dir, "fn": "pkg.mod:func", "cwd": ...,
-                    "memory_limit_bytes": n, "device": "auto"|"cpu"|"cuda"}
+                    "memory_limit_bytes": n, "file_size_limit_bytes": n, "device": "auto"|"cpu"|"cuda"}
                    {"op": "kill", "job": id}
                    {"op": "preload", "modules": [names]}   (imported when no job runs; runner.libraries)
 worker -> server:  {"event": "ready", "pid": n, "torch": "2.13.0", "cuda": bool}

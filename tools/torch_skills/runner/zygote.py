@@ -10,7 +10,8 @@ a private duplicate.
 
 Each child gets a new session (so its whole process group can be killed), a pipe for its
 stdout+stderr that this loop drains into a bounded buffer, and a memory watchdog: this loop
-kills a child whose resident memory passes its limit (the child also gets RLIMIT_AS on CPU).
+kills a child whose resident plus shared memory (memfd, /dev/shm: `proctree.tree_memory_bytes`)
+passes its limit (the child also gets RLIMIT_AS on CPU, and RLIMIT_FSIZE bounds each file it writes).
 This process and every job child are child subreapers: a job's descendant that starts a new
 session still belongs to the job's tree and dies with it (`torch_skills.runner.proctree`).
 The loop is single-threaded (select), which keeps fork safe.
@@ -165,7 +166,7 @@ class Zygote:
             return
         self._last_watch = now
         for job in list(self.jobs.values()):
-            rss = proctree.tree_rss_bytes(job.pid)
+            rss = proctree.tree_memory_bytes(job.pid)  # shared memory (memfd, /dev/shm) included
             job.peak_rss_bytes = max(job.peak_rss_bytes, rss)
             if job.memory_limit_bytes and rss > job.memory_limit_bytes and job.killed_for is None:
                 job.killed_for = "memory"

@@ -185,6 +185,13 @@ class SkillPack:
     def resolve(self, name: str, path: str) -> Path:
         """The real file behind `skill://<name>/<path>`, or SkillPathError / UnknownSkill."""
         skill = self.get(name)
+        odd = next((c for c in path if not c.isprintable() or "\ud800" <= c <= "\udfff"), None)
+        if odd is not None:  # NUL, newlines, control and undecodable characters name no skill file
+            listing = ", ".join(f.path for f in skill.files)
+            raise SkillPathError(
+                f"{path!r} holds the character {odd!r}, which no skill file name has; "
+                f"pass a plain relative path. The files of {name!r} are: {listing}"
+            )
         pure = PurePosixPath(path)
         if not path or pure.is_absolute() or ".." in pure.parts or "\\" in path:
             raise SkillPathError(f"{path!r} is not a relative path inside the skill {name!r}")
