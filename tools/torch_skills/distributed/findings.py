@@ -36,6 +36,24 @@ def _read_text(path) -> str | None:
         return None
 
 
+def _fault_where(dump: str) -> str | None:
+    """The innermost user frame of a faulthandler dump ('File "x.py", line 12 in forward', innermost first)."""
+    import sysconfig
+
+    from torch_skills import OWN_DIRS
+
+    library = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    for line in dump.splitlines():
+        line = line.strip()
+        if not line.startswith('File "'):
+            continue
+        path = line.split('"')[1]
+        if path.startswith(OWN_DIRS) or path.startswith(library) or path.startswith("<"):
+            continue
+        return f"{path}:{line.split('line ')[1].split()[0]}" if "line " in line else path
+    return None
+
+
 @dataclass
 class RankFiles:
     """Everything one rank left behind."""
@@ -45,6 +63,7 @@ class RankFiles:
     result: dict[str, Any] | None
     error: dict[str, Any] | None
     calls: list[dict[str, Any]] = field(default_factory=list)
+    fault_where: str | None = None  # from faulthandler's dump of a crashed rank
 
     @classmethod
     def read(cls, plan: Plan, exits: list[RankExit]) -> list[RankFiles]:
@@ -64,6 +83,7 @@ class RankFiles:
                     _read_json(plan.path(e.rank, "result.json")),
                     _read_json(plan.path(e.rank, "error.json")),
                     calls,
+                    _fault_where(_read_text(plan.path(e.rank, "fault.txt")) or ""),
                 )
             )
         return ranks
@@ -108,20 +128,6 @@ class RankFiles:
         )
 
 
-def _user_line(error: dict[str, Any] | None) -> str | None:
-    """The last 'File "...", line N' of a traceback outside torch and torch_skills."""
-    if not error:
-        return None
-    where = None
-    for line in (error.get("traceback") or "").splitlines():
-        line = line.strip()
-        if line.startswith('File "') and "/torch/" not in line and "/torch_skills/" not in line:
-            path = line.split('"')[1]
-            num = line.split("line ")[1].split(",")[0] if "line " in line else "?"
-            where = f"{path}:{num}"
-    return where
-
-
 # ------------------------------------------------------------------------------------------------
 def failure_findings(ranks: list[RankFiles]) -> list[DistributedFinding]:
     """A rank that crashed, raised, exited early or hung: named, with where it was and what it said."""
@@ -129,11 +135,16 @@ def failure_findings(ranks: list[RankFiles]) -> list[DistributedFinding]:
     if not failed:
         return []
     culprits = [r for r in failed if not r.waited]
-    if not culprits:  # every failed rank only waited on a peer: those still running when killed hung
-        culprits = [r for r in failed if r.exit.killed_for == "hang"] or failed
+    if not culprits:  # every failed rank only waited on a peer: the one killed outside a collective hung
+        culprits = [r for r in failed if r.error is None and r.exit.killed_for is not None] or failed
     findings = []
+    groups: dict[tuple, list[RankFiles]] = {}  # ranks that failed the same way are one finding
     for r in culprits:
-        outcome = r.outcome()
+        key = (r.outcome(), r.status, (r.error or {}).get("type"), (r.error or {}).get("message"))
+        groups.setdefault(key, []).append(r)
+    victims = [x.exit.rank for x in failed if x not in culprits]
+    for (outcome, status, _, _), group in groups.items():
+        r = group[0]
         what = {
             "error": f"raised {r.error.get('type') if r.error else 'an exception'}",
             "crashed": f"was killed by signal {r.exit.signal}",
@@ -142,22 +153,24 @@ def failure_findings(ranks: list[RankFiles]) -> list[DistributedFinding]:
         }.get(outcome, outcome)
         if r.waited and outcome == "error":
             what = "timed out waiting for its peers in a collective"
-        detail = f": {r.error.get('message', '')[:300]}" if r.error else ""
-        others = [x.exit.rank for x in ranks if x not in culprits and not x.ok]
-        tail = (
-            f" Ranks {others} were stopped with it (they waited on it)."
-            if others
-            else " The other ranks finished."
-        )
-        where = _user_line(r.error)
+        detail = f": {r.error.get('message', '').splitlines()[0][:300]}" if r.error else ""
+        if outcome == "hung":
+            waiting = [x.exit.rank for x in failed if x.waited and x.error is not None]
+            detail = (
+                f" (its peers {waiting} timed out in a collective it never reached)" if waiting else ""
+            ) + f"; killed after {r.exit.seconds:.0f} s"
+        names = [x.exit.rank for x in group]
+        who = f"rank {names[0]}" if len(names) == 1 else f"ranks {names}"
+        tail = f" Ranks {victims} were stopped with it (they waited on it)." if victims else ""
+        where = sorted({w for x in group if (w := (x.error or {}).get("where") or x.fault_where)})
         findings.append(
             DistributedFinding(
                 severity="error",
                 kind="rank_failure",
                 code=f"rank_{outcome}",
-                ranks=[r.exit.rank],
-                where=[where] if where else [],
-                message=f"rank {r.exit.rank} {what} during '{r.status}'{detail}.{tail}",
+                ranks=names,
+                where=where,
+                message=f"{who} {what} during '{status}'{detail}.{tail}",
                 fix="Fix the failure on that rank first (the traceback is in ranks[].error); a rank that "
                 "exits or raises mid-step leaves every other rank blocked in its next collective "
                 "until the process group's timeout.",
@@ -337,19 +350,24 @@ def divergence_findings(plan: Plan, ranks: list[RankFiles], strategy: str) -> li
                 "not broadcast buffers)"
             )
         if any(n in frozen for n in plain):
-            causes.append("frozen parameters changed by rank-dependent code (DDP syncs them only at wrap time)")
+            causes.append(
+                "frozen parameters changed by rank-dependent code (DDP syncs them only at wrap time)"
+            )
         if not causes:
             causes.append(
                 "their gradients were not averaged across ranks (parameters added after wrapping, or "
                 "excluded from DDP), so each rank stepped with its own gradient"
             )
         largest = differing[names[0]]
+        sites = {k: v for r in ok for k, v in r.result.get("forward_sites", {}).items()}  # type: ignore[union-attr]
+        where = sorted({sites[n] for n in plain if n in sites})
         return [
             DistributedFinding(
                 severity="error",
                 kind="replica_divergence",
                 code="replicas_differ",
                 names=plain,
+                where=where,
                 measured={"step": float(step), "largest_difference": largest},
                 message=f"after step {step}, {len(plain)} tensor(s) differ across ranks ({', '.join(plain[:5])}); "
                 f"largest difference {largest:.3g} (over up to 4096 sampled elements). Likely cause: "
@@ -365,7 +383,9 @@ def divergence_findings(plan: Plan, ranks: list[RankFiles], strategy: str) -> li
     return []
 
 
-def data_findings(ranks: list[RankFiles], world: int) -> tuple[list[DistributedFinding], dict | None, list[str]]:
+def data_findings(
+    ranks: list[RankFiles], world: int
+) -> tuple[list[DistributedFinding], dict | None, list[str]]:
     """(findings, DataReport fields, notes) from the ranks' loader observations."""
     obs = [(r.exit.rank, r.result["data"]) for r in ranks if r.result and r.result.get("data")]
     if not obs:
@@ -373,8 +393,9 @@ def data_findings(ranks: list[RankFiles], world: int) -> tuple[list[DistributedF
     first = obs[0][1]
     findings: list[DistributedFinding] = []
     notes: list[str] = []
-    use_indices = all(o["indices"] is not None for _, o in obs)
-    sets = [set(o["indices"] if use_indices else o["fingerprints"]) for _, o in obs]
+    # Overlap of the samples themselves (a hash per row): sampler indices would compare positions in
+    # datasets that may differ per rank (a Subset or a file per rank).
+    sets = [set(o["fingerprints"]) for _, o in obs]
     overlap = 0.0
     for i, a in enumerate(sets):
         for j, b in enumerate(sets):
@@ -405,7 +426,9 @@ def data_findings(ranks: list[RankFiles], world: int) -> tuple[list[DistributedF
                 kind="data_sharding",
                 code="unequal_batches",
                 ranks=[r for r, _ in obs],
-                measured={f"rank{r}_batches": float(o["batches"]) for r, o in obs if o["batches"] is not None},
+                measured={
+                    f"rank{r}_batches": float(o["batches"]) for r, o in obs if o["batches"] is not None
+                },
                 message=f"ranks get different numbers of batches per epoch ({counts}): the ranks with more "
                 "batches block in their last step's all-reduce waiting for ranks that have finished.",
                 fix="Use DistributedSampler(..., drop_last=True) or DataLoader(drop_last=True) so every rank "
@@ -414,7 +437,9 @@ def data_findings(ranks: list[RankFiles], world: int) -> tuple[list[DistributedF
             )
         )
     repeats = [
-        r for r, o in obs if o["shuffled"] and o["repeat_without_set_epoch"] and o["set_epoch_changes_order"] is not True
+        r
+        for r, o in obs
+        if o["shuffled"] and o["repeat_without_set_epoch"] and o["set_epoch_changes_order"] is not True
     ]
     if repeats:
         findings.append(
@@ -424,7 +449,11 @@ def data_findings(ranks: list[RankFiles], world: int) -> tuple[list[DistributedF
                 code="order_repeats",
                 ranks=repeats,
                 message=f"the shuffled order is the same in every epoch (sampler {first['sampler']}"
-                + (", whose set_epoch does not change it" if first["set_epoch_changes_order"] is False else ", which has no set_epoch")
+                + (
+                    ", whose set_epoch does not change it"
+                    if first["set_epoch_changes_order"] is False
+                    else ", which has no set_epoch"
+                )
                 + "): each epoch revisits the samples in the same order.",
                 fix="Use DistributedSampler(shuffle=True) and call sampler.set_epoch(epoch) at the start of "
                 "every epoch (it seeds the shuffle with seed + epoch).",
@@ -442,6 +471,7 @@ def data_findings(ranks: list[RankFiles], world: int) -> tuple[list[DistributedF
         "batches_per_rank": counts,
         "overlap": overlap,
         "order_repeats_across_epochs": first["repeat_without_set_epoch"],
-        "measured_on": "sampler indices of a whole epoch" if use_indices else "the batches of the steps run",
+        "measured_on": f"the samples of the {sum(len(o['fingerprints']) for _, o in obs)} rows the ranks "
+        "trained on (a hash per row)",
     }
     return findings, report, notes

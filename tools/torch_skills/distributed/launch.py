@@ -26,10 +26,11 @@ import signal
 import time
 from dataclasses import dataclass
 
-from torch_skills.distributed.rank import Plan, rank_main
+from torch_skills.distributed.rank import DUMP_SIGNAL, Plan, rank_main
 
 GRACE_S = 3.0  # seconds the other ranks get to exit on their own after one fails
 POLL_S = 0.01
+DUMP_WAIT_S = 0.3  # time a rank gets to write its stack before it is killed
 
 
 @dataclass
@@ -56,7 +57,9 @@ def _activity(plan: Plan, world: int) -> tuple:
 
 
 def _failed(plan: Plan, rank: int, status: int) -> bool:
-    return not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and plan.path(rank, "result.json").exists())
+    return not (
+        os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and plan.path(rank, "result.json").exists()
+    )
 
 
 def launch(plan: Plan) -> list[RankExit]:
@@ -115,12 +118,15 @@ def _supervise(plan: Plan, pids: dict[int, int], started: float, stall_s: float)
         elif now - last_activity > stall_s:
             reason = "hang"
         if reason is not None:
-            for pid, rank in pids.items():
-                if rank not in exits and pid not in killed:
+            doomed = [pid for pid, rank in pids.items() if rank not in exits and pid not in killed]
+            for sig in (DUMP_SIGNAL, signal.SIGKILL):  # first the stack dump (faulthandler), then the kill
+                for pid in doomed:
                     killed[pid] = reason
                     try:
-                        os.kill(pid, signal.SIGKILL)
+                        os.kill(pid, sig)
                     except OSError:
                         pass
+                if sig == DUMP_SIGNAL and doomed:
+                    time.sleep(DUMP_WAIT_S)
         time.sleep(POLL_S)
     return [exits[r] for r in range(world)]

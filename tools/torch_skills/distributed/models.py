@@ -159,7 +159,7 @@ class DataReport(BaseModel):
         default=None, description="largest share of one rank's samples that another rank also got"
     )
     order_repeats_across_epochs: bool | None = None
-    measured_on: str = Field(description="sampler indices of a whole epoch, or the batches of the steps run")
+    measured_on: str = Field(description="what the overlap was measured on (the rows the steps used)")
 
 
 class MemoryReport(BaseModel):

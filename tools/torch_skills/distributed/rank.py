@@ -19,6 +19,7 @@ gradient comparison is deterministic; its gradients are discarded before the tra
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import hashlib
 import json
 import os
@@ -47,6 +48,7 @@ from torch_skills.runner.usercode import (
     user_code,
 )
 
+DUMP_SIGNAL = signal.SIGUSR1  # the supervisor sends it before killing a rank: its stack goes to fault.txt
 SAMPLE = 4096  # elements kept per tensor for the cross-rank difference (all of smaller tensors)
 MAX_INDICES = 1_000_000  # sampler indices read per epoch at most
 
@@ -91,16 +93,21 @@ def rank_main(plan: Plan, rank: int) -> None:
     code = 0
     try:
         _die_with_parent()
+        fault = open(plan.path(rank, "fault.txt"), "w")  # noqa: SIM115 - open until the rank exits
+        faulthandler.enable(file=fault)  # a crash leaves the rank's Python stack for the supervisor
+        faulthandler.register(DUMP_SIGNAL, file=fault)  # ...and so does a hang, before the kill
         torch.set_num_threads(1)  # world_size ranks share the machine's cores
         Rank(plan, rank).run()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
         code = 1
         try:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
             _write_json(
                 plan.path(rank, "error.json"),
                 {
-                    "type": type(exc).__name__,
+                    "type": type(cause).__name__,
                     "message": str(exc)[:2000],
+                    "where": user_frame(cause),
                     "traceback": "".join(traceback.format_exception(exc))[-4000:],
                 },
             )
@@ -108,6 +115,23 @@ def rank_main(plan: Plan, rank: int) -> None:
             code = 2
     finally:
         os._exit(code)
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """'file.py:42' of the innermost traceback frame outside the standard library, site-packages and
+    torch_skills: where the user's code raised."""
+    import sysconfig
+
+    from torch_skills import OWN_DIRS
+
+    library = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        name = frame.filename
+        if name.startswith("<") or name.startswith(OWN_DIRS) or name.startswith(library):
+            continue
+        where = f"{name}:{frame.lineno}"
+    return where
 
 
 def shard_batch(batch: Any, rank: int, world: int) -> Any:
@@ -147,6 +171,7 @@ def _leaves(loss: torch.Tensor) -> set[int]:
 
 def _digest(t: torch.Tensor) -> tuple[str, torch.Tensor]:
     """(exact hash of the bytes, up to SAMPLE evenly spaced elements as float64)."""
+    t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP2 shard: this rank's piece
     raw = t.detach().reshape(-1).cpu().contiguous()
     digest = hashlib.blake2b(raw.view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
     stride = max(1, raw.numel() // SAMPLE)
@@ -295,6 +320,9 @@ class Rank:
             ]
             recorder.step = self.request.steps + 1
         self.result["sites"] = _module_sites(inner, self.result["usage"])
+        self.result["forward_sites"] = _forward_sites(
+            inner, {n for u in self.result["usage"] for n in u["changed_outside_autograd"]}
+        )
         current, peak = _rss()
         if device.type == "cuda":
             self.result["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))
@@ -364,9 +392,7 @@ class Rank:
                 "step": step,
                 "loss": float(loss.detach().float().item()),
                 "seconds": time.perf_counter() - started,
-                "collectives": {
-                    k: {"count": c, "bytes": b} for k, (c, b) in recorder.counts(step).items()
-                },
+                "collectives": {k: {"count": c, "bytes": b} for k, (c, b) in recorder.counts(step).items()},
             }
         )
         state = {}
@@ -381,7 +407,6 @@ class Rank:
 
 def _module_sites(model: nn.Module, usage: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """For each parameter some step did not use: its module's class, file:line, and its bytes."""
-    import inspect
 
     names = {n for u in usage for n in u["unused"]}
     params = dict(model.named_parameters())
@@ -390,21 +415,52 @@ def _module_sites(model: nn.Module, usage: list[dict[str, Any]]) -> dict[str, di
     for name in names:
         owner = name.rsplit(".", 1)[0] if "." in name else ""
         module = modules.get(owner)
-        where = None
-        if module is not None:
-            try:
-                cls = type(module)
-                where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
-            except (TypeError, OSError):
-                where = None
         p = params.get(name)
         sites[name] = {
             "module": owner,
             "module_type": type(module).__name__ if module is not None else None,
-            "where": where,
+            "where": _assigned_at(modules, owner),
             "bytes": p.numel() * p.element_size() if p is not None else 0,
         }
     return sites
+
+
+def _forward_sites(model: nn.Module, names: set[str]) -> dict[str, str]:
+    """name -> 'file.py:line' of the forward of the module that owns the parameter."""
+    import inspect
+
+    modules = dict(model.named_modules())
+    sites = {}
+    for name in names:
+        owner = modules.get(name.rsplit(".", 1)[0] if "." in name else "")
+        try:
+            forward = type(owner).forward
+            sites[name] = f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+        except (TypeError, OSError, AttributeError):
+            continue
+    return sites
+
+
+def _assigned_at(modules: dict[str, nn.Module], owner: str) -> str | None:
+    """'file.py:line' where the parent module assigns `owner` (self.<attr> = ...), else its class line."""
+    import inspect
+    import re
+
+    parent_name, _, attr = owner.rpartition(".")
+    parent = modules.get(parent_name)
+    if parent is None or not attr:
+        return None
+    cls = type(parent)
+    try:
+        lines, first = inspect.getsourcelines(cls)
+        path = inspect.getsourcefile(cls)
+    except (TypeError, OSError):
+        return None
+    pattern = re.compile(rf"self\.{re.escape(attr)}\s*(:[^=]*)?=")
+    for offset, line in enumerate(lines):
+        if pattern.search(line):
+            return f"{path}:{first + offset}"
+    return f"{path}:{first}"
 
 
 def _fsdp_unsharded_names(model: nn.Module, qualnames: dict[int, str]) -> dict[int, str]:
