@@ -67,6 +67,14 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
             "bad_request", "this torch build has no torch.distributed; install a build with it"
         )
     device = _device(request, job)
+    shape = request.input_shape
+    if request.data is None and request.inputs is None and shape and shape[0] % request.world_size:
+        raise UserCodeError(
+            "bad_request",
+            f"input_shape[0]={shape[0]} is the global batch and must split evenly over world_size="
+            f"{request.world_size}; use a multiple of {request.world_size}, e.g. "
+            f"{[shape[0] - shape[0] % request.world_size or request.world_size, *shape[1:]]}",
+        )
     folder = job.job_dir / "dist"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
