@@ -38,7 +38,9 @@ async def test_a_healthy_model_on_two_ranks_has_no_findings(client: Client):
     assert [r["outcome"] for r in data["ranks"]] == ["ok", "ok"]
     nbytes = (16 * 32 + 32 + 32 * 4 + 4) * 4  # every float32 gradient, once
     for rank in data["ranks"]:
-        assert [s["collectives"] for s in rank["steps"]] == [{"all_reduce": {"count": 1, "bytes": nbytes}}] * 3
+        assert [s["collectives"] for s in rank["steps"]] == [
+            {"all_reduce": {"count": 1, "bytes": nbytes}}
+        ] * 3
     assert data["ddp_buckets"][0]["bytes"] == nbytes
     assert data["gradient_check"]["ratio_median"] == pytest.approx(1.0, rel=1e-5)
 

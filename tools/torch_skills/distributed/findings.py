@@ -266,7 +266,7 @@ def unused_findings(ranks: list[RankFiles], strategy: str) -> list[DistributedFi
                 names=always,
                 where=where,
                 measured={"bytes": float(nbytes), "steps_checked": float(total)},
-                message=f"{len(always)} parameter(s) got no gradient on any rank in any step "
+                message=f"{len(always)} parameter(s) are not reached from the loss on any rank in any step "
                 f"({', '.join(always[:6])}{'...' if len(always) > 6 else ''}; modules {modules[:4]}). "
                 "Plain DDP fails at the next step with 'Expected to have finished reduction in the "
                 "prior iteration'.",

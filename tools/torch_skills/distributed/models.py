@@ -85,23 +85,23 @@ class RankCall(BaseModel):
     """One rank's collective at the first divergence (or the one it was blocked in)."""
 
     rank: int
-    seq: int | None = Field(default=None, description="index of the call among the rank's collectives")
-    op: str | None = Field(default=None, description="e.g. all_reduce; None: the rank called nothing there")
+    seq: int | None = None
+    op: str | None = Field(default=None, description="None: the rank made no call there")
     shapes: list[list[int]] = Field(default_factory=list)
     dtype: str | None = None
-    where: str | None = Field(default=None, description="file:line of the call, or the DDP bucket")
+    where: str | None = Field(default=None, description="file:line, or the DDP bucket")
 
 
 class DistributedFinding(Finding):
     """A finding with what it concerns and the fix."""
 
     kind: Kind
-    names: list[str] = Field(default_factory=list, description="parameter/buffer/module names concerned")
-    ranks: list[int] = Field(default_factory=list, description="ranks concerned")
+    names: list[str] = Field(default_factory=list, description="parameters/buffers concerned")
+    ranks: list[int] = Field(default_factory=list)
     where: list[str] = Field(default_factory=list, description="file:line in the user's code")
-    fix: str = Field(description="what to change")
+    fix: str
     calls: list[RankCall] = Field(default_factory=list, description="collective_mismatch: per rank")
-    measured: dict[str, float] = Field(default_factory=dict, description="the figures behind it")
+    measured: dict[str, float] = Field(default_factory=dict)
 
 
 class CollectiveCount(BaseModel):
@@ -121,13 +121,13 @@ class StepStats(BaseModel):
 class RankReport(BaseModel):
     rank: int
     outcome: Literal["ok", "error", "crashed", "hung", "exited_early"]
-    phase: str = Field(description="what the rank was doing last (e.g. 'step 2 backward')")
+    phase: str = Field(description="last phase, e.g. 'step 2 backward'")
     exit_code: int | None = None
     signal: int | None = None
-    error: str | None = Field(default=None, description="the rank's exception, last lines")
+    error: str | None = None
     steps: list[StepStats] = Field(default_factory=list)
     peak_memory_bytes: int | None = Field(
-        default=None, description="peak RSS of the rank (cpu) or max_memory_allocated (cuda)"
+        default=None, description="cuda: max_memory_allocated; cpu: peak RSS added after the fork"
     )
 
 
@@ -135,38 +135,33 @@ class Bucket(BaseModel):
     index: int
     bytes: int
     parameters: int
-    names: list[str] = Field(description="first few parameter names in the bucket")
+    names: list[str] = Field(description="first parameter names")
 
 
 class GradientCheck(BaseModel):
     """The DDP/FSDP gradient of one step against one process on the same global batch."""
 
     parameters_compared: int
-    ratio_median: float | None = Field(description="median |single| / |distributed| over parameters")
+    ratio_median: float | None = Field(description="median |one process| / |distributed| gradient norm")
     ratio_min: float | None = None
     ratio_max: float | None = None
-    max_relative_difference: float = Field(description="max over parameters of |g1 - gd| / |g1|")
+    max_relative_difference: float
     note: str
 
 
 class DataReport(BaseModel):
     """What the data= loaders gave the ranks."""
 
-    loader: str = Field(description="class of the iterable, e.g. 'DataLoader'")
-    sampler: str | None = Field(default=None, description="class of its sampler, e.g. 'DistributedSampler'")
+    loader: str
+    sampler: str | None = None
     batches_per_rank: list[int | None]
-    overlap: float | None = Field(
-        default=None, description="largest share of one rank's samples that another rank also got"
-    )
+    overlap: float | None = Field(default=None, description="largest share of a rank's rows another rank got")
     order_repeats_across_epochs: bool | None = None
-    measured_on: str = Field(description="what the overlap was measured on (the rows the steps used)")
+    measured_on: str
 
 
 class MemoryReport(BaseModel):
     per_rank_peak_bytes: list[int | None]
-    estimate_bytes: int | None = Field(
-        default=None, description="estimate_memory's per-rank figure for this strategy, when computed"
-    )
     note: str
 
 
@@ -176,7 +171,7 @@ class DistributedResult(BaseModel):
     world_size: int
     backend: str
     steps_requested: int
-    steps_completed: int = Field(description="steps every rank finished")
+    steps_completed: int
     findings: list[DistributedFinding]
     ranks: list[RankReport]
     ddp_buckets: list[Bucket] | None = None

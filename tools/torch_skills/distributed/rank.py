@@ -37,6 +37,7 @@ from torch import nn
 
 from torch_skills.distributed.comms import Recorder, ddp_counting_hook
 from torch_skills.distributed.models import DistributedRequest
+from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
     build_model,
     compute_loss,
@@ -106,6 +107,7 @@ def rank_main(plan: Plan, rank: int) -> None:
                 plan.path(rank, "error.json"),
                 {
                     "type": type(cause).__name__,
+                    "kind": getattr(exc, "kind", None),  # a UserCodeError's kind
                     "message": str(exc)[:2000],
                     "where": user_frame(cause),
                     "traceback": "".join(traceback.format_exception(exc))[-4000:],
@@ -153,19 +155,37 @@ def shard_batch(batch: Any, rank: int, world: int) -> Any:
 
 
 def _leaves(loss: torch.Tensor) -> set[int]:
-    """ids of the leaf tensors (AccumulateGrad variables) the loss's graph reaches."""
+    """ids of the leaf tensors (AccumulateGrad variables) whose values the loss depends on.
+
+    DDP passes every forward output through one autograd node (_DDPSink, with
+    find_unused_parameters=True); backward sends zeros into the outputs the loss never used, so
+    parameters behind them look used. Through that node only the outputs the loss reached count,
+    which is what plain DDP sees."""
     found: set[int] = set()
     seen: set[Any] = set()
+    sinks: dict[Any, set[int]] = {}  # sink node -> the outputs of it the loss reached
+    expanded: dict[Any, set[int]] = {}
     stack = [loss.grad_fn] if loss.grad_fn is not None else []
     while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            found.add(id(variable))
-        stack += [n for n, _ in node.next_functions]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)
+            if variable is not None:
+                found.add(id(variable))
+            for child, index in node.next_functions:
+                if child is None:
+                    continue
+                if type(child).__name__ == "_DDPSinkBackward":
+                    sinks.setdefault(child, set()).add(index)
+                else:
+                    stack.append(child)
+        for sink, outputs in sinks.items():
+            new = outputs - expanded.setdefault(sink, set())
+            expanded[sink] |= new
+            stack += [sink.next_functions[i][0] for i in new if i < len(sink.next_functions)]
     return found
 
 
@@ -254,7 +274,10 @@ class Rank:
         if request.data is None:
             torch.manual_seed(request.seed)  # the same global batch on every rank
             global_batch = make_batch(request, self.plan.cwd, self.plan.roots)
-            local = shard_batch(global_batch, self.rank, self.world)
+            try:
+                local = shard_batch(global_batch, self.rank, self.world)
+            except ValueError as e:
+                raise UserCodeError("bad_request", str(e)) from None
             while True:
                 yield to_device(local, device)
         factory = load_callable(request.data, self.plan.cwd, self.plan.roots, "the data loader factory")
@@ -286,7 +309,7 @@ class Rank:
                 fingerprints += _row_hashes(batch)
                 yield to_device(batch, device)
             if not produced:
-                raise ValueError(f"{request.data} gave rank {self.rank} no batch at all")
+                raise UserCodeError("bad_request", f"{request.data} gave rank {self.rank} no batch at all")
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -366,10 +389,10 @@ class Rank:
         before = {n: _digest(p)[0] for n, p in inner.named_parameters()}
         self.status(f"step {step} forward")
         _, loss = self.forward(model, inner, batch, f"step {step}")
-        used = _leaves(loss)
         names = self.names
-        if self.request.strategy == "fsdp":
+        if self.request.strategy == "fsdp":  # the graph reaches FSDP2's unsharded parameters
             names = {**names, **_fsdp_unsharded_names(inner, self.qualnames)}
+        used = _leaves(loss)
         trainable = [n for n, p in inner.named_parameters() if p.requires_grad]
         self.status(f"step {step} backward")
         with user_code(f"step {step}: backward"):

@@ -1,6 +1,7 @@
 """check_distributed, worker side: `run(request, job)` inside the job child the warm worker forked.
 
 The server calls it as `run_in_worker(ctx, "torch_skills.distributed.worker:run", request, ...)`.
+  0. import the user's modules (not call them): the ranks inherit them;
   1. fork `world_size` ranks (`launch`); each joins a gloo (cpu) or nccl (cuda) process group on a
      FileStore in this job's own folder, builds the model, wraps it (DDP or FSDP2 fully_shard),
      runs a probe step in eval mode and `steps` training steps with its share of the data (`rank`);
@@ -37,7 +38,7 @@ from torch_skills.distributed.rank import Plan
 from torch_skills.results import BatchRule
 from torch_skills.runner.child import JobContext
 from torch_skills.runner.errors import UserCodeError
-from torch_skills.runner.usercode import build_model, compute_loss, split_batch, user_code
+from torch_skills.runner.usercode import build_model, compute_loss, load_callable, split_batch, user_code
 
 SKILL = F.SKILL
 GRAD_TOL = 1e-3  # relative difference below this is float summation order, not a bug
@@ -75,6 +76,16 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
             f"{request.world_size}; use a multiple of {request.world_size}, e.g. "
             f"{[shape[0] - shape[0] % request.world_size or request.world_size, *shape[1:]]}",
         )
+    # Import the user's modules here, once, so every rank starts with them (a transformers import is
+    # seconds); the factories themselves are called in the ranks. A bad reference fails before any fork.
+    for reference, what in (
+        (request.model, "the model factory"),
+        (request.inputs, "the inputs function"),
+        (request.loss, "the loss function"),
+        (request.data, "the data loader factory"),
+    ):
+        if reference is not None:
+            load_callable(reference, job.cwd, job.allowed_roots, what)
     folder = job.job_dir / "dist"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
@@ -83,6 +94,7 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
     exits = launch(plan)
     job.progress(1, 3, "comparing the ranks")
     ranks = F.RankFiles.read(plan, exits)
+    _raise_setup_errors(ranks)
     failures = F.failure_findings(ranks)
     culprits = {r for f in failures for r in f.ranks}
     findings: list[DistributedFinding] = []
@@ -138,6 +150,24 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
         notes=notes,
         summary=_summary(request, findings, completed),
     )
+
+
+SETUP_PHASES = ("joining the process group", "building the model", "wrapping the model")
+
+
+def _raise_setup_errors(ranks: list[F.RankFiles]) -> None:
+    """Errors the caller fixes by calling differently are tool errors, not findings: a refused or
+    broken reference, a factory that returns no module, a batch that does not split, or the same
+    exception on every rank before the first step (a bug of the model, not of the distribution)."""
+    errors = [r.error for r in ranks if r.error]
+    for e in errors:
+        if e.get("kind") in ("bad_request", "import_error"):
+            raise UserCodeError(e["kind"], e["message"])
+    same = len(errors) == len(ranks) and len({e.get("message") for e in errors}) == 1
+    if same and ranks[0].status.startswith(SETUP_PHASES):
+        raise UserCodeError(
+            "user_exception", f"every rank failed while {ranks[0].status}: {errors[0]['message']}"
+        )
 
 
 def _summary(request: DistributedRequest, findings: list[DistributedFinding], completed: int) -> str:
