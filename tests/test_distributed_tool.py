@@ -10,6 +10,7 @@ import asyncio
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from mcp import Client
@@ -17,6 +18,7 @@ from mcp import Client
 from tests.conftest import FIXTURES
 
 ZOO = str(FIXTURES / "distributed_zoo.py")
+LINES = (FIXTURES / "distributed_zoo.py").read_text().splitlines()
 BATCH = {"input_shape": [8, 16]}
 
 
@@ -59,7 +61,7 @@ async def test_a_module_never_called_is_always_unused_with_its_assignment_line(c
     finding = data["findings"][0]
     assert finding["names"] == ["aux_head.bias", "aux_head.weight"]
     line = int(finding["where"][0].rsplit(":", 1)[1])
-    assert "self.aux_head =" in open(ZOO).read().splitlines()[line - 1]
+    assert "self.aux_head =" in LINES[line - 1]
     assert finding["measured"]["bytes"] == (16 * 3 + 3) * 4
 
 
@@ -180,7 +182,7 @@ async def test_a_failing_rank_ends_the_call_with_a_finding_naming_it(client: Cli
     assert [(f["code"], f["ranks"]) for f in failures] == [(code, [1])]
     if where_line:
         path, line = failures[0]["where"][0].rsplit(":", 1)
-        assert path == ZOO and where_line in open(ZOO).read().splitlines()[int(line) - 1]
+        assert path == ZOO and where_line in LINES[int(line) - 1]
     assert data["ranks"][0]["outcome"] != "ok" and data["steps_completed"] == 0
 
 
@@ -193,7 +195,7 @@ async def test_every_rank_dies_with_a_job_that_times_out(client: Client):
             {"model": f"{ZOO}:stuck", "model_kwargs": {"pid_dir": pid_dir}, **BATCH, "timeout_s": 4},
         )
         assert r.is_error and "timeout" in r.content[0].text.lower()
-        pids = [int(open(os.path.join(pid_dir, f)).read()) for f in os.listdir(pid_dir)]
+        pids = [int(Path(pid_dir, f).read_text()) for f in os.listdir(pid_dir)]
     assert len(pids) == 2
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
