@@ -144,10 +144,10 @@ async def test_a_distributed_sampler_gives_disjoint_samples_and_a_set_epoch_note
 async def test_unequal_batch_counts_and_a_fixed_shuffle_are_data_sharding_findings(client: Client):
     """Hand-split shards (5 vs 3 batches) and a sampler shuffling with a fixed seed every epoch."""
     uneven = await _call(client, "healthy_mlp", data=f"{ZOO}:loader_uneven")
-    assert _kinds(uneven) == [("data_sharding", "unequal_batches")]
+    assert _kinds(uneven) == [("data_sharding", "unequal_batches")], uneven["findings"]
     assert uneven["data"]["batches_per_rank"] == [5, 3]
     fixed = await _call(client, "healthy_mlp", data=f"{ZOO}:loader_fixed_shuffle")
-    assert _kinds(fixed) == [("data_sharding", "order_repeats")]
+    assert _kinds(fixed) == [("data_sharding", "order_repeats")], fixed["findings"]
 
 
 @pytest.mark.slow

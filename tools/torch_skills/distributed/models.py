@@ -51,7 +51,7 @@ class DistributedRequest(ModelInputs):
         default="ddp", description="ddp: DistributedDataParallel; fsdp: FSDP2 fully_shard"
     )
     hang_timeout_s: float = Field(
-        default=20.0, ge=2, le=600, description="a rank waiting this long in a collective is a hang"
+        default=30.0, ge=2, le=600, description="a rank waiting this long in a collective is a hang"
     )
     seed: int = Field(default=0, description="torch.manual_seed in every rank before the build")
 
