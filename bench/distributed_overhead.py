@@ -9,7 +9,7 @@ In the same run, on bench/tiny_mlp.py (global batch 32, two ranks, DDP, SGD):
      call (which waits for the warm worker's imports) is reported apart, then the median of
      --calls warm calls. Each call also runs a probe step, the one-process reference and the
      cross-rank comparisons;
-  2. by hand: `python -c` running torch.multiprocessing.spawn with two processes, each joining a
+  2. by hand: a script running torch.multiprocessing.spawn with two processes, each joining a
      gloo group, wrapping the model in DDP and running the same steps on its half of the batch;
      timed from outside (interpreter start to exit), median of --hand-runs. The time from spawn
      to join alone (the children's imports included, the parent's not) is reported beside it.
@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, "bench")
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
 STEPS = int(sys.argv[1])
 
 
@@ -101,17 +102,18 @@ async def tool_calls(calls: int, steps: int) -> tuple[float, list[float]]:
 
 def hand_runs(runs: int, steps: int) -> tuple[list[float], list[float]]:
     outside, inside = [], []
-    for _ in range(runs):
-        start = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-c", HAND, str(steps)],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        outside.append(time.perf_counter() - start)
-        inside.append(float(done.stdout.strip().splitlines()[-1]))
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "hand_ddp.py"  # a file: spawn re-imports __main__ in each child
+        script.write_text(HAND)
+        for _ in range(runs):
+            start = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, str(script), str(steps)], cwd=REPO_ROOT, capture_output=True, text=True
+            )
+            outside.append(time.perf_counter() - start)
+            if done.returncode:
+                raise SystemExit(f"the hand-written run failed:\n{done.stderr[-2000:]}")
+            inside.append(float(done.stdout.strip().splitlines()[-1]))
     return outside, inside
 
 
@@ -133,7 +135,7 @@ def main() -> None:
     print("| what | median | IQR | n |\n|---|---|---|---|")
     print(row("check_distributed, first call (worker starting)", [first]))
     print(row("check_distributed, warm call", warm))
-    print(row("by hand: python -c ... mp.spawn (whole command)", outside))
+    print(row("by hand: python hand_ddp.py (whole command)", outside))
     print(row("by hand: spawn to join only", inside))
     tool = summarize(warm)[0]
     print(f"\nratio tool / hand (whole command): {tool / summarize(outside)[0]:.2f}  (goal <= 1.5)")
