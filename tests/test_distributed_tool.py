@@ -160,6 +160,7 @@ async def test_fsdp2_shards_blocks_and_counts_all_gathers_and_reduce_scatters(cl
     assert "all_reduce" not in step
     assert data["gradient_check"]["max_relative_difference"] < 1e-3
     assert len(data["memory"]["per_rank_peak_bytes"]) == 2
+    assert data["memory"]["estimate_bytes"] > 0  # estimate_memory's per-rank figure, beside the measured one
 
 
 @pytest.mark.slow
@@ -212,3 +213,25 @@ async def test_concurrent_calls_never_share_a_store(client: Client):
     )
     assert not a.is_error and not b.is_error
     assert a.structured_content["findings"] == [] == b.structured_content["findings"]
+
+
+async def test_cuda_without_a_gpu_is_a_tool_error_that_names_the_fix(client: Client):
+    """device='cuda' on a machine without CUDA: refused before any rank starts."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the refusal is for machines without it")
+    r = await client.call_tool("check_distributed", {"model": f"{ZOO}:healthy_mlp", **BATCH, "device": "cuda"})
+    assert r.is_error and "cpu" in r.content[0].text
+
+
+@pytest.mark.gpu
+async def test_nccl_ranks_on_two_gpus_have_no_findings_on_a_healthy_model(client: Client):
+    """device='cuda': one nccl rank per GPU, the same checks, peak memory from the CUDA allocator."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices: nccl refuses two ranks on one GPU")
+    data = await _call(client, "healthy_mlp", **BATCH, device="cuda")
+    assert data["backend"] == "nccl" and data["findings"] == []
+    assert all(r["peak_memory_bytes"] > 0 for r in data["ranks"])

@@ -162,6 +162,7 @@ class DataReport(BaseModel):
 
 class MemoryReport(BaseModel):
     per_rank_peak_bytes: list[int | None]
+    estimate_bytes: int | None = Field(default=None, description="estimate_memory's per-rank peak")
     note: str
 
 

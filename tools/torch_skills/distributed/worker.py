@@ -124,11 +124,15 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
     completed = min((len(r.steps) for r in reports), default=0)
     memory = None
     if request.strategy == "fsdp" or device == "cuda":
+        job.progress(2.5, 3, "estimate_memory for the same model and strategy")
+        estimate, why = _sharded_estimate(request, job, device)
         memory = MemoryReport(
             per_rank_peak_bytes=[r.peak_memory_bytes for r in reports],
-            note="cuda: torch.cuda.max_memory_allocated per rank; cpu: peak resident memory each rank "
-            "added after its fork (model, shards, activations, gloo buffers). Compare with "
-            "estimate_memory(..., sharding='fsdp', world_size=N) for the GPU figure.",
+            estimate_bytes=estimate,
+            note="measured: cuda: torch.cuda.max_memory_allocated per rank; cpu: peak resident memory each "
+            "rank added after its fork (tensors plus allocator, gloo and Python overhead). estimate: "
+            f"estimate_memory's per-rank peak of tensor bytes for sharding={request.strategy!r}, "
+            f"world_size={request.world_size}, SGD, the per-rank batch{why}",
         )
     buckets = first_ok.get("buckets") if first_ok and request.strategy == "ddp" else None
     rule = BatchRule.model_validate(first_ok["batch_rule"]) if first_ok and "batch_rule" in first_ok else None
@@ -168,6 +172,41 @@ def _raise_setup_errors(ranks: list[F.RankFiles]) -> None:
         raise UserCodeError(
             "user_exception", f"every rank failed while {ranks[0].status}: {errors[0]['message']}"
         )
+
+
+def _sharded_estimate(request: DistributedRequest, job: JobContext, device: str) -> tuple[int | None, str]:
+    """(estimate_memory's per-rank peak allocated bytes for this run, '' or why there is none)."""
+    if request.data is not None or request.input_shape is None and request.inputs is None:
+        return None, " (not computed: estimate_memory takes inputs or input_shape, not a loader)"
+    from torch_skills.memory.models import EstimateMemoryRequest
+    from torch_skills.memory.worker import run as estimate
+
+    batch = (
+        request.input_shape[0] // request.world_size
+        if request.inputs is None and request.input_shape
+        else None
+    )
+    try:
+        est = estimate(
+            EstimateMemoryRequest(
+                model=request.model,
+                model_kwargs=request.model_kwargs,
+                inputs=request.inputs,
+                input_shape=request.input_shape,
+                input_dtype=request.input_dtype,
+                loss=request.loss,
+                device="cpu",
+                optimizer="sgd",
+                batch_size=batch,
+                sharding=request.strategy,
+                world_size=request.world_size,
+                target_device="cuda" if device == "cuda" else "cpu",
+            ),
+            job,
+        )
+    except Exception as e:  # the estimate is a comparison, never a reason to fail the check
+        return None, f" (not computed: {type(e).__name__}: {str(e)[:200]})"
+    return int(est.peak_allocated_bytes), ""
 
 
 def _summary(request: DistributedRequest, findings: list[DistributedFinding], completed: int) -> str:
