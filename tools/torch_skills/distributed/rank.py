@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import hashlib
+import inspect
 import json
 import os
 import resource
@@ -282,8 +283,6 @@ class Rank:
                 yield to_device(local, device)
         factory = load_callable(request.data, self.plan.cwd, self.plan.roots, "the data loader factory")
         kwargs = {}
-        import inspect
-
         try:
             params = inspect.signature(factory).parameters
         except (TypeError, ValueError):
@@ -346,7 +345,7 @@ class Rank:
         self.result["forward_sites"] = _forward_sites(
             inner, {n for u in self.result["usage"] for n in u["changed_outside_autograd"]}
         )
-        current, peak = _rss()
+        _, peak = _rss()
         if device.type == "cuda":
             self.result["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))
         else:
@@ -450,8 +449,6 @@ def _module_sites(model: nn.Module, usage: list[dict[str, Any]]) -> dict[str, di
 
 def _forward_sites(model: nn.Module, names: set[str]) -> dict[str, str]:
     """name -> 'file.py:line' of the forward of the module that owns the parameter."""
-    import inspect
-
     modules = dict(model.named_modules())
     sites = {}
     for name in names:
@@ -466,7 +463,6 @@ def _forward_sites(model: nn.Module, names: set[str]) -> dict[str, str]:
 
 def _assigned_at(modules: dict[str, nn.Module], owner: str) -> str | None:
     """'file.py:line' where the parent module assigns `owner` (self.<attr> = ...), else its class line."""
-    import inspect
     import re
 
     parent_name, _, attr = owner.rpartition(".")
