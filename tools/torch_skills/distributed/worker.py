@@ -22,8 +22,12 @@ from typing import Any
 
 import torch
 import torch._dynamo  # noqa: F401 - DDP's constructor imports it (~2 s, 800 modules): preload it
-import torch.distributed.fsdp  # noqa: F401
-import torch.nn.parallel.distributed  # noqa: F401
+
+try:  # what every rank uses, imported once in the warm worker; absent from builds without distributed
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.nn.parallel.distributed  # noqa: F401
+except ImportError:
+    pass
 
 from torch_skills.distributed import findings as F
 from torch_skills.distributed.launch import launch
