@@ -48,6 +48,8 @@ def test_a_collective_only_one_rank_calls_is_alone_unless_the_other_rank_failed(
     (finding,) = mismatch_findings(ranks, culprit_ranks=set())
     assert finding.code == "collective_alone" and "Only ranks [0]" in finding.message
     assert mismatch_findings(ranks, culprit_ranks={1}) == []
+    crashed_first = [_rank(0, calls=[_call(0)]), _rank(1, calls=[_call(0), _call(1)])]
+    assert mismatch_findings(crashed_first, culprit_ranks={0}) == []
 
 
 def test_identical_sequences_are_no_mismatch():

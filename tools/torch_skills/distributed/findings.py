@@ -19,7 +19,6 @@ SKILL = "distributed-training-strategies"
 # An exception that only says a peer went away or a collective timed out: a consequence, not a cause.
 _WAITED = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "peer")
 OVERLAP_FLAG = 0.05  # ranks sharing more than this share of their samples: not sharded
-DIVERGENCE_TOL = 0.0  # replicas must be bit-identical after a DDP step (same all-reduced gradient)
 
 
 def _read_json(path) -> Any:
@@ -196,7 +195,8 @@ def mismatch_findings(ranks: list[RankFiles], culprit_ranks: set[int]) -> list[D
         if len(set(keys)) == 1:
             continue
         missing = [r.exit.rank for r, a in zip(ranks, at, strict=True) if a is None]
-        if missing and set(missing) <= culprit_ranks and all(k is None or k == keys[0] for k in keys if k):
+        present = {k for k in keys if k is not None}
+        if missing and set(missing) <= culprit_ranks and len(present) <= 1:
             return []  # the only difference: a rank that failed made no more calls (rank_failure says so)
         calls = [
             RankCall(
