@@ -221,7 +221,9 @@ async def test_cuda_without_a_gpu_is_a_tool_error_that_names_the_fix(client: Cli
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the refusal is for machines without it")
-    r = await client.call_tool("check_distributed", {"model": f"{ZOO}:healthy_mlp", **BATCH, "device": "cuda"})
+    r = await client.call_tool(
+        "check_distributed", {"model": f"{ZOO}:healthy_mlp", **BATCH, "device": "cuda"}
+    )
     assert r.is_error and "cpu" in r.content[0].text
 
 
