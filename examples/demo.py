@@ -104,6 +104,7 @@ async def _demo(project: Path) -> None:
             ),
             ("verify_checkpoint", {"path": ddp_ckpt.name, "model": f"{LM}:build"}),
             ("verify_checkpoint", {"path": bad_ckpt.name}),
+            ("check_distributed", {"model": f"{LM}:build", **inputs, "world_size": 2}),
         ]
         for tool, args in calls:
             started = time.perf_counter()
@@ -129,6 +130,12 @@ async def _demo(project: Path) -> None:
             if tool == "verify_checkpoint" and not result.is_error:
                 extra.append(
                     f"safe: {data['safe']}, format: {data['format']}, missing for resume: {data['missing_for_resume']}"
+                )
+            if tool == "check_distributed" and not result.is_error:
+                step = data["ranks"][0]["steps"][0]["collectives"] if data["ranks"][0]["steps"] else {}
+                extra.append(
+                    f"{data['world_size']} gloo ranks, {data['steps_completed']} DDP steps; rank 0 per step: "
+                    + ", ".join(f"{k} x{v['count']} ({v['bytes']} B)" for k, v in step.items())
                 )
             _show(tool, args, result, elapsed, extra)
 

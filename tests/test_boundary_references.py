@@ -22,7 +22,7 @@ from torch_skills.runner.errors import UserCodeError
 from torch_skills.server import build_server
 from torch_skills.userspec import CodeRef
 
-TOOLS = ("check_gradients", "estimate_memory", "profile_model", "verify_checkpoint")
+TOOLS = ("check_gradients", "estimate_memory", "profile_model", "verify_checkpoint", "check_distributed")
 
 
 @pytest.fixture(scope="module")

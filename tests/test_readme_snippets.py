@@ -39,6 +39,7 @@ PROJECT_PLACEHOLDERS = ("/path/to/your/project", "${workspaceFolder}")
 SERVER_NAME = "torch-skills"
 EXPECTED_TOOLS = {
     "route", "list_skills", "get_skill", "check_gradients", "estimate_memory", "profile_model", "verify_checkpoint",
+    "check_distributed",
 }  # fmt: skip
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 

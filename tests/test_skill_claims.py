@@ -279,6 +279,7 @@ WHAT_IF_OPTIONS = {
     ],
     "profile_model": ["data", "compile", "trace_path", "precision"],
     "verify_checkpoint": ["load_and_run", "model"],
+    "check_distributed": ["strategy", "data", "loss", "hang_timeout_s"],
 }
 
 

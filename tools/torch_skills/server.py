@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from torch_skills import __version__
 from torch_skills.checkpoint.models import VerifyCheckpointRequest, VerifyCheckpointResult
+from torch_skills.distributed.models import DistributedRequest, DistributedResult
 from torch_skills.gradients.models import GradientRequest, GradientResult
 from torch_skills.heartbeat import DEFAULT_INTERVAL_S as DEFAULT_HEARTBEAT_S
 from torch_skills.memory.models import EstimateMemoryRequest, EstimateMemoryResult
@@ -69,7 +70,9 @@ the pasted error. It also says when a question needs one clarifying question fir
 engineering (`status`). Diagnose before fixing: the tools run on the user's own code in a sandboxed
 worker - `check_gradients` (NaN/Inf source, dead or exploding gradients, gradcheck),
 `estimate_memory` (peak memory before running on a GPU), `profile_model` (what bounds a step),
-`verify_checkpoint` (is a checkpoint safe, complete, does it fit the model). Models are given as
+`verify_checkpoint` (is a checkpoint safe, complete, does it fit the model), `check_distributed`
+(run the step on 2-8 real DDP/FSDP ranks: unused parameters, mismatched collectives, diverging
+replicas, gradient scale, data sharding). Models are given as
 'path/to/file.py:factory'. Clients without the Skills extension can use `list_skills` and
 `get_skill`."""
 
@@ -85,6 +88,7 @@ WORKER_PRELOAD = (
     "torch_skills.checkpoint.worker",
     "torch_skills.memory.worker",
     "torch_skills.profiling.worker",
+    "torch_skills.distributed.worker",
 )
 
 
@@ -502,5 +506,20 @@ phase and top-level module, FLOPs and MFU, bytes moved, peak memory, loader wait
 (.item() and the like, named with module and line). Returns the bottleneck (data_loading,
 cpu_overhead, compute, memory_bandwidth or unknown) with its evidence, and findings naming
 the skill that fixes it. Use it before optimizing a slow training loop.""",
+    ),
+    TorchTool(
+        name="check_distributed",
+        request=DistributedRequest,
+        result=DistributedResult,
+        worker="torch_skills.distributed.worker:run",
+        path_arguments=("model", "inputs", "loss", "data"),
+        hidden=("seed",),
+        description="""Run the user's training step on world_size real ranks (gloo on CPU, nccl on GPUs) under DDP or
+FSDP2 and say what breaks at scale, before renting the GPUs. Findings (kind, names or rank,
+file:line, fix): unused_parameters (always vs data-dependent), collective_mismatch (first
+divergent call per rank; a hang is reported, never waited out), replica_divergence,
+gradient_scale (vs one process on the global batch: summed loss), data_sharding (no
+DistributedSampler, set_epoch, unequal batch counts), rank_failure. Also collectives per step
+and rank, DDP buckets, peak memory per rank.""",
     ),
 )
