@@ -281,7 +281,9 @@ class Rank:
                 raise UserCodeError("bad_request", str(e)) from None
             while True:
                 yield to_device(local, device)
-        factory = load_callable(request.data, self.plan.cwd, self.plan.roots, "the data loader factory")
+        factory = load_callable(
+            request.data, self.plan.cwd, self.plan.roots, "the data loader factory", role="data"
+        )
         kwargs = {}
         try:
             params = inspect.signature(factory).parameters

@@ -82,14 +82,14 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
         )
     # Import the user's modules here, once, so every rank starts with them (a transformers import is
     # seconds); the factories themselves are called in the ranks. A bad reference fails before any fork.
-    for reference, what in (
-        (request.model, "the model factory"),
-        (request.inputs, "the inputs function"),
-        (request.loss, "the loss function"),
-        (request.data, "the data loader factory"),
+    for reference, what, role in (
+        (request.model, "the model factory", "model"),
+        (request.inputs, "the inputs function", "inputs"),
+        (request.loss, "the loss function", "loss"),
+        (request.data, "the data loader factory", "data"),
     ):
         if reference is not None:
-            load_callable(reference, job.cwd, job.allowed_roots, what)
+            load_callable(reference, job.cwd, job.allowed_roots, what, role=role)
     folder = job.job_dir / "dist"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
