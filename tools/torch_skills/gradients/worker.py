@@ -33,9 +33,12 @@ import torch
 from torch import nn
 
 from torch_skills.gradients import analysis
+from torch_skills.gradients.bydesign import embedding_names, embedding_rows, stochastic_skips
 from torch_skills.gradients.findings import diagnose
 from torch_skills.gradients.gradcheck import bind, check_function, prepare_arguments
+from torch_skills.gradients.lossinput import loss_inputs
 from torch_skills.gradients.models import (
+    ByDesignZeros,
     GradientRequest,
     GradientResult,
     GradientThresholds,
@@ -136,6 +139,7 @@ def examine(
     result.batch_rule = describe_rule(model, step.batch, how)
     if loss.requires_grad:
         result.custom_functions = _custom_functions(loss, step.cwd)
+        result.loss_inputs = loss_inputs(loss)
         with _timed(timings, "backward_s"), user_code("the backward pass"):
             loss.backward()
     bad_output = next((t for t in tensors_in(output) if not is_finite(t)), None)
@@ -148,10 +152,15 @@ def examine(
     result.total_grad_norm = analysis.total_grad_norm(result.parameters)
     result.frozen_parameters = [p.name for p in result.parameters if "frozen" in p.flags]
     result.unused_parameters = [p.name for p in result.parameters if "no_grad" in p.flags]
-    result.depth_profile = analysis.depth_profile(model, result.parameters, probe.activity, thresholds)
+    result.depth_profile = analysis.depth_profile(
+        model, result.parameters, probe.activity, thresholds, embedding_names(model)
+    )
     result.activations = probe.activation_stats()
+    result.by_design_zeros = embedding_rows(model)
     if result.loss.requires_grad:
         result.graph_breaks = analysis.graph_breaks(model, result.parameters, probe.activity)
+        ran_before = {name for name, record in probe.activity.items() if record.calls}
+        _find_stochastic_skips(step, result, ran_before)
     finite_grads = not any("nonfinite_grad" in p.flags for p in result.parameters)
     if known is None and output_finite and result.loss.finite and finite_grads:
         gated = set(zero_init_gated(step, result.parameters))
@@ -179,6 +188,42 @@ def examine(
 
     progress(3, STEPS, "analysing")
     return diagnose(result)
+
+
+def _find_stochastic_skips(step: Step, result: GradientResult, ran_before: set[str]) -> None:
+    """Re-label 'never ran' modules that other seeds run (LayerDrop, stochastic depth).
+
+    A module counts when it, or an ancestor that also did not run (the skipped layer around a
+    submodule whose weights are read directly, like MultiheadAttention's out_proj), runs with
+    another seed."""
+    never_ran = [b for b in result.graph_breaks if b.cause == "never_ran"]
+    if not never_ran or not step.model.training:
+        return
+    candidates: dict[str, list[str]] = {}
+    for b in never_ran:
+        parts = b.module.split(".")
+        chain = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        candidates[b.module] = [name for name in chain if name and name not in ran_before]
+    ran = stochastic_skips(step, sorted({n for names in candidates.values() for n in names}))
+    skipped: dict[str, ByDesignZeros] = {}  # by the module that was skipped
+    modules = dict(step.model.named_modules())
+    for b in never_ran:
+        hit = next((n for n in reversed(candidates[b.module]) if n in ran), None)  # the outermost skipped
+        if hit is None:
+            continue
+        b.cause = "stochastic_skip"
+        if hit in skipped:
+            skipped[hit].parameters += b.parameters
+            continue
+        runs, tried = ran[hit]
+        skipped[hit] = ByDesignZeros(
+            module=hit,
+            module_type=type(modules[hit]).__name__,
+            kind="stochastic_skip",
+            parameters=list(b.parameters),
+            detail=f"did not run with seed {step.seed}, ran with {runs} of the {tried} other seeds tried",
+        )
+    result.by_design_zeros += skipped.values()
 
 
 def _describe_loss(loss: torch.Tensor, how: str) -> LossInfo:
