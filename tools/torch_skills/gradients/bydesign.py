@@ -59,16 +59,15 @@ def embedding_rows(model: nn.Module) -> list[ByDesignZeros]:
         if untouched == 0:
             continue
         padding = getattr(module, "padding_idx", None)
-        pad_text = f" (padding_idx={padding} never gets one)" if padding is not None else ""
-        sparse = " (sparse gradient)" if weight.grad.is_sparse else ""
+        pad_text = f", padding_idx={padding} never does" if padding is not None else ""
+        sparse = "; the gradient is sparse" if weight.grad.is_sparse else ""
         out.append(
             ByDesignZeros(
                 module=name,
                 module_type=type(module).__name__,
                 kind="unused_embedding_rows",
                 parameters=[f"{name}.weight" if name else "weight"],
-                detail=f"{untouched} of {rows} rows got no token in this batch, so their gradient is zero"
-                f"{pad_text}{sparse}",
+                detail=f"{untouched} of {rows} rows got no token in this batch{pad_text}{sparse}",
             )
         )
     return out

@@ -86,9 +86,12 @@ def _division(name: str, args: tuple, kwargs: dict) -> tuple[str | None, str | N
     text = f"the divisor (the right-hand operand, shape {_shape(d)}) is 0 {_rows(zero)}"
     n = _tensor(numerator)
     if n is not None:
-        both = (n.detach() == 0) & zero if n.shape == d.shape else None
+        try:
+            both = (n.detach() == 0) & zero  # broadcast as the division did
+        except RuntimeError:
+            both = None
         if both is not None and bool(both.any()):
-            text += f", and the numerator is 0 at {int(both.sum())} of those too (0/0 = NaN; x/0 = Inf)"
+            text += f", where the numerator is 0 too at {int(both.sum())} entries (0/0 = NaN; x/0 = Inf)"
     fix = (
         "Keep the divisor away from 0: clamp it (`d.clamp_min(eps)`), add an eps (`d + eps`), or mask the rows "
         "whose divisor is 0 (an empty or all-padding row); for a norm use F.normalize(x, dim=..., eps=...)."
@@ -176,7 +179,7 @@ def _ctc(args: tuple, kwargs: dict) -> tuple[str | None, str | None]:
     for n in tg_len:
         offsets.append(offsets[-1] + int(n))
     bad = []
-    for i, (t_in, t_len) in enumerate(zip(in_len, tg_len)):
+    for i, (t_in, t_len) in enumerate(zip(in_len, tg_len, strict=True)):
         row = t[i, : int(t_len)] if t.dim() == 2 else t[offsets[i] : offsets[i + 1]]
         repeats = int((row[1:] == row[:-1]).sum()) if row.numel() > 1 else 0
         if int(t_in) < int(t_len) + repeats:

@@ -244,7 +244,9 @@ def _gradient_findings(result: GradientResult) -> list[Finding]:
             )
         )
     if profile is not None and profile.trend == "vanishing" and profile.first_to_last_ratio:
-        usable = [layer for layer in profile.layers if layer.grad_norm and layer.module not in profile.excluded]
+        usable = [
+            layer for layer in profile.layers if layer.grad_norm and layer.module not in profile.excluded
+        ]
         out.append(
             _finding(
                 "warning",
@@ -272,15 +274,16 @@ def _gradient_findings(result: GradientResult) -> list[Finding]:
             )
     if profile is not None and profile.excluded and profile.trend_with_excluded not in (None, profile.trend):
         rows = {z.module: z.detail for z in result.by_design_zeros if z.kind == "unused_embedding_rows"}
-        shown = [f"`{m}` ({rows[m]})" if m in rows else f"`{m}`" for m in profile.excluded]
+        shown = [f"`{m}`: {rows[m]}" if m in rows else f"`{m}`" for m in profile.excluded]
         out.append(
             _finding(
                 "info",
                 "by_design_zeros",
-                f"Counting the embeddings {_listing(shown, 2)} the depth trend would read "
-                f"'{profile.trend_with_excluded}', but an embedding's gradient is zero by design on every row no "
-                "token looked up, so its norm is not comparable with a dense layer's; the trend leaves embeddings "
-                f"out and reads '{profile.trend}'. Nothing to fix.",
+                "An embedding's gradient is zero by design on every row no token looked up ("
+                + "; ".join(shown[:3])
+                + f"), so its norm is not comparable with a dense layer's. Counting the embeddings the depth trend "
+                f"would read '{profile.trend_with_excluded}'; it leaves them out and reads '{profile.trend}'. "
+                "Nothing to fix.",
                 "debugging-techniques",
             )
         )
@@ -330,9 +333,10 @@ def _loss_input_findings(result: GradientResult) -> list[Finding]:
             continue
         what = {
             "double_softmax": (
-                "is fed probabilities (a softmax/sigmoid output) and applies its own log_softmax on top: a double "
-                "softmax. Inputs in [0, 1] give a nearly flat second softmax, so the loss stays near "
-                "log(num_classes) and gradients shrink by orders of magnitude"
+                "takes the log_softmax of probabilities (a softmax/sigmoid output): a double softmax. Inputs in "
+                "[0, 1] make the second softmax nearly flat, so the loss cannot fall below "
+                "log(1 + (num_classes - 1)/e) and the gradient is damped, by orders of magnitude once the first "
+                "softmax saturates"
             ),
             "probabilities_into_nll": (
                 "is fed probabilities (a softmax/sigmoid output) where nll_loss expects log-probabilities, so "

@@ -229,7 +229,8 @@ class DepthProfile(BaseModel):
         "batch looked up, so its norm is not comparable with a dense layer's",
     )
     trend_with_excluded: Literal["exploding", "vanishing", "stable", "unknown"] | None = Field(
-        default=None, description="the trend if the excluded embeddings counted (None when none were excluded)"
+        default=None,
+        description="the trend if the excluded embeddings counted (None when none were excluded)",
     )
 
 
