@@ -110,6 +110,22 @@ def test_layerdrop_skips_are_an_info_note_not_a_branch_to_remove(check):
     assert "by design" in result.summary
 
 
+def test_a_stochastic_depth_branch_dropped_this_step_is_by_design(check):
+    """A residual branch multiplied by a random 0 gets an all-zero gradient; another seed gives it one."""
+    result = check(model=f"{BUGS}:stochastic_depth_mlp", input_shape=[8, 16], seed=3)
+    dropped = [p.name for p in result.parameters if "stochastic_zero_grad" in p.flags]
+    assert dropped == ["2.fc.weight", "2.fc.bias"]
+    assert [(f.severity, f.code) for f in result.findings] == [("info", "by_design_zeros")]
+    assert [(z.module, z.kind) for z in result.by_design_zeros] == [("2.fc", "stochastic_skip")]
+
+
+def test_a_constant_zero_multiplier_is_still_a_zero_gradients_warning(check):
+    """The reseeded reruns do not excuse a branch multiplied by a constant 0."""
+    result = check(model=f"{ZOO}:zero_multiplier", input_shape=[8, 16])
+    assert "zero_gradients" in codes(result)
+    assert result.by_design_zeros == []
+
+
 def test_a_branch_no_seed_takes_is_still_an_unused_parameters_warning(check):
     """The reseeded reruns do not excuse a module that never runs (a disabled auxiliary head)."""
     result = check(model=f"{ZOO}:unused_branch", input_shape=[8, 16])

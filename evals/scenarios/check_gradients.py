@@ -1,7 +1,7 @@
 """Eval scenarios for check_gradients: the buggy model zoo, gradcheck mode, refusals and faults.
 
-The models live in tests/fixtures/gradient_zoo.py and gradient_real_bugs.py (shared with the unit tests, one file per bug
-family); paths are relative to the repository root, the server's working directory in evals.
+The models live in tests/fixtures/gradient_zoo.py and gradient_real_bugs.py (shared with the unit
+tests, one file per bug family); paths are relative to the repository root, the server's working directory in evals.
 """
 
 from __future__ import annotations

@@ -393,9 +393,9 @@ def model_findings(result: GradientResult) -> list[Finding]:
             _finding(
                 "info",
                 "by_design_zeros",
-                f"{mods} did not run this step but do with other seeds (`{skipped[0].module}` "
-                f"{skipped[0].detail}): skipped at random in training (LayerDrop or stochastic depth), so {n} parameters get no "
-                "gradient on some steps by design. Nothing to fix; under DistributedDataParallel this needs "
+                f"{mods} got no gradient this step but do with other seeds (`{skipped[0].module}` "
+                f"{skipped[0].detail}): skipped at random in training (LayerDrop or stochastic depth), so {n} "
+                "parameters get no gradient on some steps by design. Nothing to fix; under DistributedDataParallel this needs "
                 "find_unused_parameters=True.",
                 "module-design-patterns",
             )

@@ -138,6 +138,7 @@ ParamFlag = Literal[
     "nonfinite_value",
     "zero_grad",
     "zero_init_gated",
+    "stochastic_zero_grad",
     "large_grad",
     "small_grad",
 ]
@@ -199,7 +200,8 @@ class ParameterGradient(BaseModel):
         default_factory=list,
         description="frozen: requires_grad=False; no_grad: requires grad but .grad is None; nonfinite_grad / "
         "nonfinite_value: NaN/Inf in .grad / the weights; zero_grad: .grad is all zeros; zero_init_gated: "
-        ".grad is all zeros only because a zero-initialized gain gates it (it gets gradient after one step); large_grad / "
+        ".grad is all zeros only because a zero-initialized gain gates it (it gets gradient after one step); "
+        "stochastic_zero_grad: .grad is all zeros with this seed but not with another (stochastic depth); large_grad / "
         "small_grad: grad_norm beyond thresholds.exploding_grad_norm / below thresholds.small_grad_norm",
     )
 

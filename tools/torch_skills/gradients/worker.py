@@ -9,7 +9,10 @@ Model mode runs one training step without the optimizer:
   3. pass 2, only when pass 1 saw a non-finite value or parameters cut off from the loss: the
      same step again (same seed) under the op tracer and autograd-node hooks (`trace`), which
      name the op, module, source line and autograd node;
-  4. findings and summary (`findings`).
+  4. findings and summary (`findings`). Zero or missing gradients are first checked against what is
+     zero by design (`bydesign`: embedding rows no token used, modules skipped at random, rerun
+     under other seeds), and the loss's graph for a softmax/sigmoid feeding a logits loss
+     (`lossinput`); a NaN/Inf's op gets the measured state of its operands (`causes`).
 Gradcheck mode (`function=...`) runs `torch_skills.gradients.gradcheck` instead.
 
 Known limitations: one batch and one step, without the optimizer, so problems that need many
@@ -33,7 +36,12 @@ import torch
 from torch import nn
 
 from torch_skills.gradients import analysis
-from torch_skills.gradients.bydesign import embedding_names, embedding_rows, stochastic_skips
+from torch_skills.gradients.bydesign import (
+    embedding_names,
+    embedding_rows,
+    stochastic_skips,
+    stochastic_zero_grads,
+)
 from torch_skills.gradients.findings import diagnose
 from torch_skills.gradients.gradcheck import bind, check_function, prepare_arguments
 from torch_skills.gradients.lossinput import loss_inputs
@@ -168,6 +176,7 @@ def examine(
             if p.name in gated:
                 p.flags = ["zero_init_gated" if f == "zero_grad" else f for f in p.flags]
         result.zero_init_gated = [p.name for p in result.parameters if p.name in gated]
+        _find_stochastic_zero_grads(step, result)
 
     grads_finite = not any("nonfinite_grad" in p.flags for p in result.parameters)
     need_values = known is None and not (output_finite and result.loss.finite)
@@ -224,6 +233,34 @@ def _find_stochastic_skips(step: Step, result: GradientResult, ran_before: set[s
             detail=f"did not run with seed {step.seed}, ran with {runs} of the {tried} other seeds tried",
         )
     result.by_design_zeros += skipped.values()
+
+
+def _find_stochastic_zero_grads(step: Step, result: GradientResult) -> None:
+    """Re-flag all-zero gradients that other seeds make non-zero (stochastic depth multiplying by 0)."""
+    zero = [p.name for p in result.parameters if "zero_grad" in p.flags]
+    if not zero or not step.model.training:
+        return
+    woke = stochastic_zero_grads(step, zero)
+    by_owner: dict[str, ByDesignZeros] = {}
+    modules = dict(step.model.named_modules())
+    for p in result.parameters:
+        if p.name not in woke:
+            continue
+        p.flags = ["stochastic_zero_grad" if f == "zero_grad" else f for f in p.flags]
+        owner = analysis.owner_of(p.name)
+        if owner in by_owner:
+            by_owner[owner].parameters.append(p.name)
+            continue
+        runs, tried = woke[p.name]
+        by_owner[owner] = ByDesignZeros(
+            module=owner,
+            module_type=type(modules[owner]).__name__,
+            kind="stochastic_skip",
+            parameters=[p.name],
+            detail=f"got an all-zero gradient with seed {step.seed}, a non-zero one with {runs} of the {tried} "
+            "other seeds tried",
+        )
+    result.by_design_zeros += by_owner.values()
 
 
 def _describe_loss(loss: torch.Tensor, how: str) -> LossInfo:
