@@ -264,3 +264,19 @@ def test_a_division_by_the_python_number_zero_is_named():
     """x / 0 with a plain number: the cause says the divisor is the number 0."""
     cause, _ = operand_cause("div", (torch.ones(2), 0), {})
     assert cause == "the divisor is the Python number 0"
+
+
+# -- a Hugging Face model ---------------------------------------------------------------------------
+@pytest.mark.slow  # importing transformers and two traced steps: 10-60 s on a loaded machine
+def test_wav2vec2_layerdrop_is_by_design_and_its_infeasible_ctc_names_the_lengths(check):
+    """transformers' Wav2Vec2ForCTC: its LayerDrop is an info note; too-long labels name lengths and the fix."""
+    pytest.importorskip("transformers")
+    healthy = check(model=f"{BUGS}:wav2vec2_ctc", inputs=f"{BUGS}:wav2vec2_inputs")
+    assert healthy.graph_breaks and {b.cause for b in healthy.graph_breaks} == {"stochastic_skip"}
+    assert [(f.severity, f.code) for f in healthy.findings] == [("info", "by_design_zeros")]
+    assert all(z.module_type == "Wav2Vec2EncoderLayer" for z in healthy.by_design_zeros)
+    broken = check(model=f"{BUGS}:wav2vec2_ctc", inputs=f"{BUGS}:wav2vec2_too_long_labels")
+    where = broken.nonfinite
+    assert where is not None and (where.op, where.kind) == ("ctc_loss", "inf")
+    assert where.cause is not None and "sample 0: input length 159 < target length 200" in where.cause
+    assert "ctc_zero_infinity" in (where.fix or "")

@@ -198,7 +198,8 @@ def _ctc(args: tuple, kwargs: dict) -> tuple[str | None, str | None]:
     fix = (
         "Fix the lengths: pass input_lengths after the model's downsampling (not the raw audio length), or use "
         "less downsampling, or drop samples whose target is too long for their input. zero_infinity=True "
-        "(nn.CTCLoss(zero_infinity=True)) only zeroes those samples' loss and gradient, so they train nothing."
+        "(nn.CTCLoss(zero_infinity=True); config.ctc_zero_infinity=True in Hugging Face CTC models) only zeroes "
+        "those samples' loss and gradient, so they train nothing."
     )
     return text, fix
 
