@@ -1,8 +1,9 @@
 """Losses fed probabilities where they expect logits, read from the autograd graph.
 
-Use on the loss before backward (the graph is freed after it):
+Use on the loss's graph before backward (the graph is freed after it):
 
-    problems = loss_inputs(loss)        # list[LossInput], empty for a healthy loss
+    nodes, _ = graph_nodes(loss.grad_fn)      # torch_skills.gradients.trace
+    problems = loss_inputs(nodes)             # list[LossInput], empty for a healthy loss
 
 `F.cross_entropy` is `nll_loss(log_softmax(x))` in the graph (NllLossBackward0 <- LogSoftmaxBackward0),
 `BCEWithLogitsLoss` is one BinaryCrossEntropyWithLogitsBackward0 node. What feeds those nodes is
@@ -26,10 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from torch_skills.gradients.models import LossInput
-from torch_skills.gradients.trace import graph_nodes
 
 NLL_NODES = ("NllLossBackward", "NllLoss2DBackward")
 BCE_LOGITS_NODES = ("BinaryCrossEntropyWithLogitsBackward",)
@@ -119,11 +117,8 @@ def classify(loss_node: str, tokens: list[str]) -> str | None:
     return None
 
 
-def loss_inputs(loss: torch.Tensor) -> list[LossInput]:
-    """Every NLL/cross-entropy or BCE-with-logits node in the loss's graph fed by a softmax/sigmoid."""
-    if loss.grad_fn is None:
-        return []
-    nodes, _ = graph_nodes(loss.grad_fn)
+def loss_inputs(nodes: list[Any]) -> list[LossInput]:
+    """Every NLL/cross-entropy or BCE-with-logits node among the graph's `nodes` fed by a softmax/sigmoid."""
     out = []
     for node in nodes:
         name = node.name()

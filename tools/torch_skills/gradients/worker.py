@@ -146,8 +146,10 @@ def examine(
     result.loss = _describe_loss(loss, how)
     result.batch_rule = describe_rule(model, step.batch, how)
     if loss.requires_grad:
-        result.custom_functions = _custom_functions(loss, step.cwd)
-        result.loss_inputs = loss_inputs(loss)
+        nodes, _ = graph_nodes(loss.grad_fn)  # one walk of the graph for both checks
+        result.custom_functions = _custom_functions(nodes, step.cwd)
+        result.loss_inputs = loss_inputs(nodes)
+        del nodes
         with _timed(timings, "backward_s"), user_code("the backward pass"):
             loss.backward()
     bad_output = next((t for t in tensors_in(output) if not is_finite(t)), None)
@@ -291,9 +293,8 @@ def _nonfinite_batch(batch: Any) -> NonfiniteLocation | None:
     return None
 
 
-def _custom_functions(loss: torch.Tensor, cwd: Path) -> list[str]:
-    """Custom autograd Functions in the graph (their backward nodes are BackwardCFunction subclasses)."""
-    nodes, _ = graph_nodes(loss.grad_fn)
+def _custom_functions(nodes: list[Any], cwd: Path) -> list[str]:
+    """Custom autograd Functions among the graph's nodes (their backward nodes are BackwardCFunction subclasses)."""
     types = {type(n) for n in nodes if isinstance(n, torch.autograd.function.BackwardCFunction)}
     return sorted(function_reference(t, cwd) or t.__name__ for t in types)
 
