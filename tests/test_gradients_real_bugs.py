@@ -280,3 +280,10 @@ def test_wav2vec2_layerdrop_is_by_design_and_its_infeasible_ctc_names_the_length
     assert where is not None and (where.op, where.kind) == ("ctc_loss", "inf")
     assert where.cause is not None and "sample 0: input length 159 < target length 200" in where.cause
     assert "ctc_zero_infinity" in (where.fix or "")
+
+
+def test_a_rerun_that_raises_leaves_the_unused_parameters_warning(check):
+    """A model that fails on its second call: the reseeded rerun decides nothing and the warning stands."""
+    result = check(model=f"{BUGS}:fails_after_first_call", input_shape=[8, 16])
+    assert [(b.module, b.cause) for b in result.graph_breaks] == [("aux", "never_ran")]
+    assert codes(result) == ["unused_parameters"]

@@ -20,8 +20,9 @@ generators and the model's buffers are restored afterwards, whatever happens.
 
 Known limitations: at most `SEEDS` extra forward passes (`SEEDS_WITH_BACKWARD` steps for zero
 gradients), so a module skipped with a probability above about 0.7 may still look like a branch
-never taken; a skip decided by something other than
-torch's random generators (Python's `random`, numpy) is not varied by the reseeding.
+never taken; a skip decided by something other than torch's random generators (Python's
+`random`, numpy) is not varied by the reseeding; a rerun that raises ends the reruns and leaves
+the finding as it was.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from torch_skills.gradients.models import ByDesignZeros
+from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import call_model, user_code
 
 SEEDS = 8  # extra seeds tried: a module skipped with p = 0.5 runs in at least one of them with p > 0.99
@@ -104,6 +106,8 @@ def stochastic_skips(step: Any, modules: list[str]) -> dict[str, tuple[int, int]
                 call_model(model, step.batch)
                 if all(ran.values()):
                     break
+    except UserCodeError:
+        pass  # a rerun that fails decides nothing; the checked step's result stands
     finally:
         for handle in handles:
             handle.remove()
@@ -147,6 +151,8 @@ def stochastic_zero_grads(step: Any, names: list[str]) -> dict[str, tuple[int, i
                         woke[name] = woke.get(name, 0) + 1
                 if len(woke) == len(names):
                     break
+    except UserCodeError:
+        pass  # a rerun that fails decides nothing; the checked step's result stands
     finally:
         with torch.no_grad():
             for buffer, value in saved_buffers:
