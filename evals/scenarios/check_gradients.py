@@ -1,7 +1,7 @@
 """Eval scenarios for check_gradients: the buggy model zoo, gradcheck mode, refusals and faults.
 
-The models live in tests/fixtures/gradient_zoo.py (shared with the unit tests, one file per bug
-family); paths are relative to the repository root, the server's working directory in evals.
+The models live in tests/fixtures/gradient_zoo.py and gradient_real_bugs.py (shared with the unit
+tests, one file per bug family); paths are relative to the repository root, the server's working directory in evals.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from evals.framework import Expect, Scenario
 
 ZOO = "tests/fixtures/gradient_zoo.py"
+REAL = "tests/fixtures/gradient_real_bugs.py"  # models written like real ones (issue 26)
 FAULTS = "tests/fixtures/malicious/gradient_faults.py"
 BATCH = {"input_shape": [8, 16]}
 
@@ -215,6 +216,79 @@ SCENARIOS: list[Scenario] = [
             Expect("gradcheck.max_abs_error", "approx", 3.0, tolerance=1e-4),
             Expect("findings[0].code", "eq", "gradcheck_failed"),
             Expect("findings[0].skill", "eq", "custom-autograd-functions"),
+        ],
+    ),
+    Scenario(
+        id="padded-seq2seq-embeddings-are-not-vanishing-gradients",
+        tool="check_gradients",
+        arguments={"model": f"{REAL}:seq2seq_with_padding", "inputs": f"{REAL}:seq2seq_inputs"},
+        expect=[
+            Expect("depth_profile.trend", "eq", "stable"),
+            Expect("depth_profile.trend_with_excluded", "eq", "vanishing"),
+            Expect("findings[0].code", "eq", "by_design_zeros"),
+            Expect("findings[0].severity", "eq", "info"),
+            Expect("by_design_zeros[0].kind", "eq", "unused_embedding_rows"),
+        ],
+        description="rows no token looked up have zero gradient by design: an info note, no warning",
+        slow=True,
+    ),
+    Scenario(
+        id="layerdrop-skips-are-by-design",
+        tool="check_gradients",
+        arguments={"model": f"{REAL}:layerdrop_encoder", "input_shape": [2, 10, 32], "seed": 3},
+        expect=[
+            Expect("graph_breaks[0].cause", "eq", "stochastic_skip"),
+            Expect("findings[0].code", "eq", "by_design_zeros"),
+            Expect("findings[0].severity", "eq", "info"),
+            Expect("by_design_zeros[0].module_type", "eq", "TransformerEncoderLayer"),
+        ],
+        description="a layer LayerDrop skipped this step runs with other seeds: not a branch to remove",
+    ),
+    Scenario(
+        id="double-softmax-into-cross-entropy",
+        tool="check_gradients",
+        arguments={**BATCH, "model": f"{REAL}:classifier_with_softmax", "loss": f"{REAL}:cross_entropy_loss"},
+        expect=[
+            Expect("loss_inputs[0].problem", "eq", "double_softmax"),
+            Expect("findings[0].code", "eq", "loss_on_probabilities"),
+            Expect("findings[0].message", "contains", "pass the logits"),
+        ],
+    ),
+    Scenario(
+        id="sigmoid-before-bce-with-logits",
+        tool="check_gradients",
+        arguments={
+            **BATCH,
+            "model": f"{REAL}:classifier_with_sigmoid",
+            "loss": f"{REAL}:bce_with_logits_loss",
+        },
+        expect=[
+            Expect("loss_inputs[0].problem", "eq", "probabilities_into_bce_with_logits"),
+            Expect("findings[0].code", "eq", "loss_on_probabilities"),
+        ],
+    ),
+    Scenario(
+        id="masked-mean-names-the-zero-divisor",
+        tool="check_gradients",
+        arguments={"model": f"{REAL}:masked_mean_pool", "inputs": f"{REAL}:masked_inputs"},
+        expect=[
+            Expect("nonfinite.op", "eq", "div"),
+            Expect("nonfinite.cause", "contains", "is 0 in 3 of 8 rows"),
+            Expect("findings[0].message", "contains", "clamp"),
+        ],
+    ),
+    Scenario(
+        id="infeasible-ctc-target-names-the-lengths",
+        tool="check_gradients",
+        arguments={
+            "model": f"{REAL}:ctc_model",
+            "inputs": f"{REAL}:audio_inputs",
+            "loss": f"{REAL}:ctc_loss_with_long_targets",
+        },
+        expect=[
+            Expect("nonfinite.op", "eq", "ctc_loss"),
+            Expect("nonfinite.cause", "contains", "sample 1: input length 16 < target length 20"),
+            Expect("findings[0].message", "contains", "zero_infinity=True"),
         ],
     ),
     Scenario(

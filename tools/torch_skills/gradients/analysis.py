@@ -132,8 +132,11 @@ def depth_profile(
     params: list[ParameterGradient],
     activity: dict[str, ModuleActivity],
     thresholds: GradientThresholds,
+    row_sparse: frozenset[str] | set[str] = frozenset(),
 ) -> DepthProfile:
-    """Gradient norm per parameterized module, in the order the forward pass ran them."""
+    """Gradient norm per parameterized module, in the order the forward pass ran them.
+
+    Modules in `row_sparse` (embeddings) are listed but left out of the first-to-last trend."""
     by_owner: dict[str, list[ParameterGradient]] = defaultdict(list)
     for p in params:
         if p.requires_grad:
@@ -157,7 +160,21 @@ def depth_profile(
                 ratio=finite_or_none(grad / weight) if (grad is not None and weight) else None,
             )
         )
-    usable = [layer for layer in layers if layer.grad_norm]  # finite and non-zero
+    ratio, trend = _trend([layer for layer in layers if layer.module not in row_sparse], thresholds)
+    excluded = [layer.module for layer in layers if layer.module in row_sparse]
+    with_excluded = _trend(layers, thresholds)[1] if excluded else None
+    return DepthProfile(
+        layers=layers,
+        first_to_last_ratio=ratio,
+        trend=trend,  # type: ignore[arg-type]
+        excluded=excluded,
+        trend_with_excluded=with_excluded,  # type: ignore[arg-type]
+    )
+
+
+def _trend(layers: list[LayerGradient], thresholds: GradientThresholds) -> tuple[float | None, str]:
+    """(first/last gradient norm ratio, trend) over the layers with a finite, non-zero gradient."""
+    usable = [layer for layer in layers if layer.grad_norm]
     ratio = usable[0].grad_norm / usable[-1].grad_norm if len(usable) >= 2 else None  # type: ignore[operator]
     if ratio is None or len(usable) < 3:
         trend = "unknown"
@@ -167,8 +184,7 @@ def depth_profile(
         trend = "vanishing"
     else:
         trend = "stable"
-    ratio = finite_or_none(ratio) if ratio is not None else None  # trend above already used the raw value
-    return DepthProfile(layers=layers, first_to_last_ratio=ratio, trend=trend)  # type: ignore[arg-type]
+    return (finite_or_none(ratio) if ratio is not None else None), trend  # trend used the raw value
 
 
 def graph_breaks(

@@ -85,7 +85,12 @@ def nonfinite_findings(where: NonfiniteLocation, loss_how: str | None) -> list[F
         )
     elif where.phase == "forward":
         op = f"`{where.op}`" if where.op else "its forward"
-        if where.inputs_finite:
+        if where.inputs_finite and where.cause:
+            text = (
+                f"{op} in {_module(where.module, where.module_type)}{_at(where.source)} turns finite inputs into "
+                f"{kind}: {where.cause}. {where.fix or ''}"
+            ).rstrip()
+        elif where.inputs_finite:
             text = (
                 f"{op} in {_module(where.module, where.module_type)}{_at(where.source)} turns finite inputs into "
                 f"{kind}. Guard that op: clamp or mask its input, add an eps, or use a stable form "
@@ -98,29 +103,36 @@ def nonfinite_findings(where: NonfiniteLocation, loss_how: str | None) -> list[F
             )
         out.append(_finding("error", "nonfinite_forward", text, "debugging-techniques"))
     elif where.phase == "loss":
+        if where.cause:
+            advice = f": {where.cause}. {where.fix or ''}".rstrip()
+        else:
+            advice = (
+                ". Use the numerically stable form: losses on logits (F.binary_cross_entropy_with_logits, "
+                "F.cross_entropy) or log_softmax instead of log(softmax)."
+            )
         out.append(
             _finding(
                 "error",
                 "nonfinite_loss",
                 f"The model output is finite but the loss ({loss_how}) produces {kind} in `{where.op}`"
-                f"{_at(where.source)}. Use the numerically stable form: losses on logits "
-                "(F.binary_cross_entropy_with_logits, F.cross_entropy) or log_softmax instead of log(softmax).",
+                f"{_at(where.source)}{advice}",
                 "debugging-techniques",
             )
         )
     elif where.phase == "backward":
         made_in = _module(where.module, where.module_type)
-        out.append(
-            _finding(
-                "error",
-                "nonfinite_backward",
-                f"Forward and loss are finite, but backward node {where.autograd_node} (from {made_in}"
-                f"{_at(where.source)}) turns a finite gradient into {kind}. Typical causes: sqrt, norm or pow at 0, "
-                "log or division near 0 hidden behind torch.where or a mask; add the eps inside the op or mask its "
-                "input, not its output.",
-                "debugging-techniques",
-            )
+        head = (
+            f"Forward and loss are finite, but backward node {where.autograd_node} (from {made_in}"
+            f"{_at(where.source)}) turns a finite gradient into {kind}"
         )
+        if where.cause:
+            text = f"{head}: {where.cause}. {where.fix or ''}".rstrip()
+        else:
+            text = (
+                f"{head}. Typical causes: sqrt, norm or pow at 0, log or division near 0 hidden behind torch.where "
+                "or a mask; add the eps inside the op or mask its input, not its output."
+            )
+        out.append(_finding("error", "nonfinite_backward", text, "debugging-techniques"))
     if where.dtype == "float16" and "inf" in where.kind:
         out.append(
             _finding(
@@ -232,7 +244,9 @@ def _gradient_findings(result: GradientResult) -> list[Finding]:
             )
         )
     if profile is not None and profile.trend == "vanishing" and profile.first_to_last_ratio:
-        usable = [layer for layer in profile.layers if layer.grad_norm]
+        usable = [
+            layer for layer in profile.layers if layer.grad_norm and layer.module not in profile.excluded
+        ]
         out.append(
             _finding(
                 "warning",
@@ -258,6 +272,21 @@ def _gradient_findings(result: GradientResult) -> list[Finding]:
                     "debugging-techniques",
                 )
             )
+    if profile is not None and profile.excluded and profile.trend_with_excluded not in (None, profile.trend):
+        rows = {z.module: z.detail for z in result.by_design_zeros if z.kind == "unused_embedding_rows"}
+        shown = [f"`{m}`: {rows[m]}" if m in rows else f"`{m}`" for m in profile.excluded]
+        out.append(
+            _finding(
+                "info",
+                "by_design_zeros",
+                "An embedding's gradient is zero by design on every row no token looked up ("
+                + "; ".join(shown[:3])
+                + f"), so its norm is not comparable with a dense layer's. Counting the embeddings the depth trend "
+                f"would read '{profile.trend_with_excluded}'; it leaves them out and reads '{profile.trend}'. "
+                "Nothing to fix.",
+                "debugging-techniques",
+            )
+        )
     zero = [p.name for p in result.parameters if "zero_grad" in p.flags]
     if zero:
         out.append(
@@ -267,6 +296,69 @@ def _gradient_findings(result: GradientResult) -> list[Finding]:
                 f"{len(zero)} parameters took part in the loss but got a gradient of exactly zero "
                 f"({_listing(zero, 3)}): no signal reaches them (dead activations, a zero multiplier or a "
                 "masked-out path).",
+                "debugging-techniques",
+            )
+        )
+    return out
+
+
+_LOSS_NAMES = {
+    "NllLossBackward": "nll_loss / cross_entropy",
+    "NllLoss2DBackward": "nll_loss / cross_entropy",
+    "BinaryCrossEntropyWithLogitsBackward": "binary_cross_entropy_with_logits",
+}
+
+
+def _loss_input_findings(result: GradientResult) -> list[Finding]:
+    out = []
+    seen: set[str] = set()
+    norm = f"{result.total_grad_norm:.3g}" if result.total_grad_norm is not None else "n/a"
+    for item in result.loss_inputs:
+        if item.problem in seen:
+            continue
+        seen.add(item.problem)
+        loss = _LOSS_NAMES.get(item.loss_node.rstrip("0123456789"), item.loss_node)
+        graph = " <- ".join([item.loss_node, *item.chain])
+        if item.problem == "log_softmax_twice":
+            out.append(
+                _finding(
+                    "info",
+                    "redundant_log_softmax",
+                    f"The loss ({loss}) takes the log_softmax of values that are already log-probabilities (graph: "
+                    f"{graph}). log_softmax is idempotent, so loss and gradient are unchanged; drop one of them "
+                    "(pass logits to F.cross_entropy, or log-probabilities to F.nll_loss).",
+                    "debugging-techniques",
+                )
+            )
+            continue
+        what = {
+            "double_softmax": (
+                "takes the log_softmax of probabilities (a softmax/sigmoid output): a double softmax. Inputs in "
+                "[0, 1] make the second softmax nearly flat, so the loss cannot fall below "
+                "log(1 + (num_classes - 1)/e) and the gradient is damped, by orders of magnitude once the first "
+                "softmax saturates"
+            ),
+            "probabilities_into_nll": (
+                "is fed probabilities (a softmax/sigmoid output) where nll_loss expects log-probabilities, so "
+                "it minimizes -p instead of -log p"
+            ),
+            "probabilities_into_bce_with_logits": (
+                "is fed a sigmoid/softmax output and applies its own sigmoid on top, so its input lies in [0, 1], "
+                "every prediction is squashed to between 0.5 and 0.73 and gradients shrink"
+            ),
+        }[item.problem]
+        fix = (
+            "pass the logits (the tensor before the sigmoid) to BCEWithLogitsLoss"
+            if item.problem == "probabilities_into_bce_with_logits"
+            else "pass the logits (the tensor before the softmax) to F.cross_entropy / nn.CrossEntropyLoss, or "
+            "F.log_softmax(logits) to F.nll_loss"
+        )
+        out.append(
+            _finding(
+                "warning",
+                "loss_on_probabilities",
+                f"The loss ({loss}) {what} (graph: {graph}; total gradient norm {norm}). Fix: {fix}, and apply "
+                "softmax/sigmoid only for predictions.",
                 "debugging-techniques",
             )
         )
@@ -293,6 +385,21 @@ def model_findings(result: GradientResult) -> list[Finding]:
             )
         )
     out += _break_findings(result.graph_breaks)
+    skipped = [z for z in result.by_design_zeros if z.kind == "stochastic_skip"]
+    if skipped:
+        mods = _listing([f"`{z.module}` ({z.module_type})" for z in skipped])
+        n = sum(len(z.parameters) for z in skipped)
+        out.append(
+            _finding(
+                "info",
+                "by_design_zeros",
+                f"{mods} got no gradient this step but do with other seeds (`{skipped[0].module}` "
+                f"{skipped[0].detail}): skipped at random in training (LayerDrop or stochastic depth), so {n} "
+                "parameters get no gradient on some steps by design. Nothing to fix; under DistributedDataParallel this needs "
+                "find_unused_parameters=True.",
+                "module-design-patterns",
+            )
+        )
     frozen = result.frozen_parameters
     if frozen and trainable:
         out.append(
@@ -305,6 +412,7 @@ def model_findings(result: GradientResult) -> list[Finding]:
                 "module-design-patterns",
             )
         )
+    out += _loss_input_findings(result)
     if result.nonfinite is None:
         out += _gradient_findings(result)
     if result.custom_functions:
@@ -377,6 +485,13 @@ def _healthy_summary(result: GradientResult) -> str:
     trainable = sum(1 for p in result.parameters if p.requires_grad)
     loss = result.loss.text if result.loss else "?"
     norm = f"{result.total_grad_norm:.3g}" if result.total_grad_norm is not None else "n/a"
+    skipped = sum(len(z.parameters) for z in result.by_design_zeros if z.kind == "stochastic_skip")
+    if skipped:
+        return (
+            f"No gradient problems found: the loss ({loss}) is finite and {trainable - skipped} of {trainable} "
+            f"trainable parameters got finite, non-zero gradients (total norm {norm}); the other {skipped} belong "
+            "to modules skipped at random this step, by design."
+        )
     return (
         f"No gradient problems found: the loss ({loss}) is finite and all {trainable} trainable parameters got "
         f"finite, non-zero gradients (total norm {norm})."

@@ -37,6 +37,12 @@ FINDING_CODES: dict[str, str] = {
     "custom_function_in_graph": "the graph contains custom autograd Functions; verify them with gradcheck mode",
     "gradcheck_failed": "the function's backward disagrees with finite differences (or failed to run)",
     "gradgradcheck_failed": "the second derivative (backward of backward) disagrees with finite differences",
+    "by_design_zeros": "info: zero or missing gradients that are there by design (embedding rows no token used "
+    "this batch, modules skipped at random by LayerDrop/stochastic depth); by_design_zeros says which",
+    "loss_on_probabilities": "a loss that expects logits (or log-probabilities) is fed the output of a "
+    "softmax/sigmoid, as the autograd graph shows (double softmax, sigmoid before BCEWithLogitsLoss)",
+    "redundant_log_softmax": "info: log_softmax applied twice before the loss; harmless (log_softmax is "
+    "idempotent) but one of them can go",
 }
 
 
@@ -132,6 +138,7 @@ ParamFlag = Literal[
     "nonfinite_value",
     "zero_grad",
     "zero_init_gated",
+    "stochastic_zero_grad",
     "large_grad",
     "small_grad",
 ]
@@ -164,6 +171,12 @@ class NonfiniteLocation(BaseModel):
     source: str | None = Field(
         default=None, description="'file.py:line' in the user's code that ran the op, when it could be found"
     )
+    cause: str | None = Field(
+        default=None,
+        description="what the op's operands held, measured when it made the NaN/Inf: e.g. 'the divisor "
+        "(argument 2, shape [8, 1]) is 0 at 2 of 8 entries' or the infeasible CTC samples' lengths",
+    )
+    fix: str | None = Field(default=None, description="the fix for that op and cause, when one is known")
     located_by: Literal[
         "module_hooks", "op_trace", "autograd_hooks", "parameter_scan", "input_scan", "not_reproduced"
     ] = Field(
@@ -187,7 +200,8 @@ class ParameterGradient(BaseModel):
         default_factory=list,
         description="frozen: requires_grad=False; no_grad: requires grad but .grad is None; nonfinite_grad / "
         "nonfinite_value: NaN/Inf in .grad / the weights; zero_grad: .grad is all zeros; zero_init_gated: "
-        ".grad is all zeros only because a zero-initialized gain gates it (it gets gradient after one step); large_grad / "
+        ".grad is all zeros only because a zero-initialized gain gates it (it gets gradient after one step); "
+        "stochastic_zero_grad: .grad is all zeros with this seed but not with another (stochastic depth); large_grad / "
         "small_grad: grad_norm beyond thresholds.exploding_grad_norm / below thresholds.small_grad_norm",
     )
 
@@ -211,6 +225,15 @@ class DepthProfile(BaseModel):
     trend: Literal["exploding", "vanishing", "stable", "unknown"] = Field(
         description="from first_to_last_ratio against thresholds.depth_ratio; unknown with under 3 layers"
     )
+    excluded: list[str] = Field(
+        default_factory=list,
+        description="embedding modules left out of the trend: their gradient is non-zero only on the rows the "
+        "batch looked up, so its norm is not comparable with a dense layer's",
+    )
+    trend_with_excluded: Literal["exploding", "vanishing", "stable", "unknown"] | None = Field(
+        default=None,
+        description="the trend if the excluded embeddings counted (None when none were excluded)",
+    )
 
 
 class ActivationStats(BaseModel):
@@ -231,8 +254,9 @@ class GraphBreak(BaseModel):
 
     module: str
     module_type: str
-    cause: Literal["never_ran", "detached", "no_grad", "output_unused"] = Field(
-        description="never_ran: the forward never called it; detached: it ran but a .detach()/.data/.item()/"
+    cause: Literal["never_ran", "stochastic_skip", "detached", "no_grad", "output_unused"] = Field(
+        description="never_ran: the forward never called it; stochastic_skip: it did not run with this seed "
+        "but did with another (LayerDrop/stochastic depth: skipped at random in training); detached: it ran but a .detach()/.data/.item()/"
         ".numpy() call cut its result from the loss; no_grad: it ran with autograd off; output_unused: it ran "
         "but nothing it computed reaches the loss (a discarded output, or a parameter never read)"
     )
@@ -242,6 +266,32 @@ class GraphBreak(BaseModel):
         description="detached: 'file.py:line' of the first .detach()/.data/.item()/.numpy() call seen in the "
         "forward pass, when one was seen",
     )
+
+
+class ByDesignZeros(BaseModel):
+    """Parameters with zero or no gradient on purpose, recognised and not reported as a problem."""
+
+    module: str
+    module_type: str
+    kind: Literal["unused_embedding_rows", "stochastic_skip"] = Field(
+        description="unused_embedding_rows: an embedding's rows that no token of this batch looked up (the "
+        "padding_idx row always) get zero gradient; stochastic_skip: the module was skipped at random in "
+        "training with this seed and ran with another"
+    )
+    parameters: list[str]
+    detail: str = Field(description="what was measured, e.g. '3987 of 4000 rows got no token'")
+
+
+class LossInput(BaseModel):
+    """A loss node fed by a softmax/sigmoid, read from the autograd graph (grad_fn names)."""
+
+    loss_node: str = Field(description="the loss's autograd node, e.g. 'NllLossBackward0'")
+    chain: list[str] = Field(
+        description="the nodes feeding it, loss side first, shape-only nodes (view, permute) skipped"
+    )
+    problem: Literal[
+        "double_softmax", "probabilities_into_nll", "probabilities_into_bce_with_logits", "log_softmax_twice"
+    ]
 
 
 class LossInfo(BaseModel):
@@ -327,6 +377,12 @@ class GradientResult(BaseModel):
     )
     graph_breaks: list[GraphBreak] = Field(
         default_factory=list, description="why unused_parameters got no grad"
+    )
+    by_design_zeros: list[ByDesignZeros] = Field(
+        default_factory=list, description="zero or missing gradients that are there by design"
+    )
+    loss_inputs: list[LossInput] = Field(
+        default_factory=list, description="losses fed probabilities where they expect logits"
     )
     depth_profile: DepthProfile | None = None
     activations: list[ActivationStats] = Field(default_factory=list)

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from torch_skills.gradients.causes import backward_cause, operand_cause
 from torch_skills.gradients.models import NonfiniteLocation
 from torch_skills.gradients.tensors import checkable, dtype_name, is_finite, kind_of, tensors_in, user_source
 
@@ -225,12 +226,16 @@ class OpTracer(TorchFunctionMode):
                 self.mark(t, inherited)
                 return
         module = self.module
+        inputs_finite = all(is_finite(x) for x in others)
+        cause, fix = operand_cause(name, args, kwargs) if inputs_finite else (None, None)
         location = NonfiniteLocation(
             phase=self.phase if module is None else "forward",  # type: ignore[arg-type]
             module=module[0] if module else None,
             module_type=module[1] if module else None,
             op=name,
-            inputs_finite=all(is_finite(x) for x in others),
+            inputs_finite=inputs_finite,
+            cause=cause,
+            fix=fix,
             kind=kind_of(t),
             dtype=dtype_name(t),
             source=user_source(self.cwd),
@@ -335,6 +340,7 @@ class BackwardWatch:
                 if name == module:
                     type_name = type(m).__name__
                     break
+        cause, fix = backward_cause(node) if incoming_finite else (None, None)
         return NonfiniteLocation(
             phase="backward",
             module=module,
@@ -342,6 +348,8 @@ class BackwardWatch:
             op=node.name(),
             autograd_node=node.name(),
             inputs_finite=incoming_finite,
+            cause=cause,
+            fix=fix,
             kind=kind_of(grad),
             dtype=dtype_name(grad),
             source=source,

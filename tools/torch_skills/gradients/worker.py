@@ -9,7 +9,10 @@ Model mode runs one training step without the optimizer:
   3. pass 2, only when pass 1 saw a non-finite value or parameters cut off from the loss: the
      same step again (same seed) under the op tracer and autograd-node hooks (`trace`), which
      name the op, module, source line and autograd node;
-  4. findings and summary (`findings`).
+  4. findings and summary (`findings`). Zero or missing gradients are first checked against what is
+     zero by design (`bydesign`: embedding rows no token used, modules skipped at random, rerun
+     under other seeds), and the loss's graph for a softmax/sigmoid feeding a logits loss
+     (`lossinput`); a NaN/Inf's op gets the measured state of its operands (`causes`).
 Gradcheck mode (`function=...`) runs `torch_skills.gradients.gradcheck` instead.
 
 Known limitations: one batch and one step, without the optimizer, so problems that need many
@@ -33,9 +36,17 @@ import torch
 from torch import nn
 
 from torch_skills.gradients import analysis
+from torch_skills.gradients.bydesign import (
+    embedding_names,
+    embedding_rows,
+    stochastic_skips,
+    stochastic_zero_grads,
+)
 from torch_skills.gradients.findings import diagnose
 from torch_skills.gradients.gradcheck import bind, check_function, prepare_arguments
+from torch_skills.gradients.lossinput import loss_inputs
 from torch_skills.gradients.models import (
+    ByDesignZeros,
     GradientRequest,
     GradientResult,
     GradientThresholds,
@@ -135,7 +146,10 @@ def examine(
     result.loss = _describe_loss(loss, how)
     result.batch_rule = describe_rule(model, step.batch, how)
     if loss.requires_grad:
-        result.custom_functions = _custom_functions(loss, step.cwd)
+        nodes, _ = graph_nodes(loss.grad_fn)  # one walk of the graph for both checks
+        result.custom_functions = _custom_functions(nodes, step.cwd)
+        result.loss_inputs = loss_inputs(nodes)
+        del nodes
         with _timed(timings, "backward_s"), user_code("the backward pass"):
             loss.backward()
     bad_output = next((t for t in tensors_in(output) if not is_finite(t)), None)
@@ -148,10 +162,15 @@ def examine(
     result.total_grad_norm = analysis.total_grad_norm(result.parameters)
     result.frozen_parameters = [p.name for p in result.parameters if "frozen" in p.flags]
     result.unused_parameters = [p.name for p in result.parameters if "no_grad" in p.flags]
-    result.depth_profile = analysis.depth_profile(model, result.parameters, probe.activity, thresholds)
+    result.depth_profile = analysis.depth_profile(
+        model, result.parameters, probe.activity, thresholds, embedding_names(model)
+    )
     result.activations = probe.activation_stats()
+    result.by_design_zeros = embedding_rows(model)
     if result.loss.requires_grad:
         result.graph_breaks = analysis.graph_breaks(model, result.parameters, probe.activity)
+        ran_before = {name for name, record in probe.activity.items() if record.calls}
+        _find_stochastic_skips(step, result, ran_before)
     finite_grads = not any("nonfinite_grad" in p.flags for p in result.parameters)
     if known is None and output_finite and result.loss.finite and finite_grads:
         gated = set(zero_init_gated(step, result.parameters))
@@ -159,6 +178,7 @@ def examine(
             if p.name in gated:
                 p.flags = ["zero_init_gated" if f == "zero_grad" else f for f in p.flags]
         result.zero_init_gated = [p.name for p in result.parameters if p.name in gated]
+        _find_stochastic_zero_grads(step, result)
 
     grads_finite = not any("nonfinite_grad" in p.flags for p in result.parameters)
     need_values = known is None and not (output_finite and result.loss.finite)
@@ -179,6 +199,70 @@ def examine(
 
     progress(3, STEPS, "analysing")
     return diagnose(result)
+
+
+def _find_stochastic_skips(step: Step, result: GradientResult, ran_before: set[str]) -> None:
+    """Re-label 'never ran' modules that other seeds run (LayerDrop, stochastic depth).
+
+    A module counts when it, or an ancestor that also did not run (the skipped layer around a
+    submodule whose weights are read directly, like MultiheadAttention's out_proj), runs with
+    another seed."""
+    never_ran = [b for b in result.graph_breaks if b.cause == "never_ran"]
+    if not never_ran or not step.model.training:
+        return
+    candidates: dict[str, list[str]] = {}
+    for b in never_ran:
+        parts = b.module.split(".")
+        chain = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        candidates[b.module] = [name for name in chain if name and name not in ran_before]
+    ran = stochastic_skips(step, sorted({n for names in candidates.values() for n in names}))
+    skipped: dict[str, ByDesignZeros] = {}  # by the module that was skipped
+    modules = dict(step.model.named_modules())
+    for b in never_ran:
+        hit = next((n for n in reversed(candidates[b.module]) if n in ran), None)  # the outermost skipped
+        if hit is None:
+            continue
+        b.cause = "stochastic_skip"
+        if hit in skipped:
+            skipped[hit].parameters += b.parameters
+            continue
+        runs, tried = ran[hit]
+        skipped[hit] = ByDesignZeros(
+            module=hit,
+            module_type=type(modules[hit]).__name__,
+            kind="stochastic_skip",
+            parameters=list(b.parameters),
+            detail=f"did not run with seed {step.seed}, ran with {runs} of the {tried} other seeds tried",
+        )
+    result.by_design_zeros += skipped.values()
+
+
+def _find_stochastic_zero_grads(step: Step, result: GradientResult) -> None:
+    """Re-flag all-zero gradients that other seeds make non-zero (stochastic depth multiplying by 0)."""
+    zero = [p.name for p in result.parameters if "zero_grad" in p.flags]
+    if not zero or not step.model.training:
+        return
+    woke = stochastic_zero_grads(step, zero)
+    by_owner: dict[str, ByDesignZeros] = {}
+    modules = dict(step.model.named_modules())
+    for p in result.parameters:
+        if p.name not in woke:
+            continue
+        p.flags = ["stochastic_zero_grad" if f == "zero_grad" else f for f in p.flags]
+        owner = analysis.owner_of(p.name)
+        if owner in by_owner:
+            by_owner[owner].parameters.append(p.name)
+            continue
+        runs, tried = woke[p.name]
+        by_owner[owner] = ByDesignZeros(
+            module=owner,
+            module_type=type(modules[owner]).__name__,
+            kind="stochastic_skip",
+            parameters=[p.name],
+            detail=f"got an all-zero gradient with seed {step.seed}, a non-zero one with {runs} of the {tried} "
+            "other seeds tried",
+        )
+    result.by_design_zeros += by_owner.values()
 
 
 def _describe_loss(loss: torch.Tensor, how: str) -> LossInfo:
@@ -209,9 +293,8 @@ def _nonfinite_batch(batch: Any) -> NonfiniteLocation | None:
     return None
 
 
-def _custom_functions(loss: torch.Tensor, cwd: Path) -> list[str]:
-    """Custom autograd Functions in the graph (their backward nodes are BackwardCFunction subclasses)."""
-    nodes, _ = graph_nodes(loss.grad_fn)
+def _custom_functions(nodes: list[Any], cwd: Path) -> list[str]:
+    """Custom autograd Functions among the graph's nodes (their backward nodes are BackwardCFunction subclasses)."""
     types = {type(n) for n in nodes if isinstance(n, torch.autograd.function.BackwardCFunction)}
     return sorted(function_reference(t, cwd) or t.__name__ for t in types)
 
