@@ -84,6 +84,7 @@ def _tour_options(checkpoint: Path) -> dict:
                 "active_steps": 3,
             },
             "verify_checkpoint": {"path": str(checkpoint), "model": f"{MODEL}:build"},
+            "check_distributed": {"model": f"{MODEL}:build", "input_shape": [8, 16], "steps": 1},
         },
         "cancel": {
             "name": "check_gradients",
@@ -116,7 +117,13 @@ def _assert_tour(report: dict) -> None:
         assert call["hasStructured"] and call["schemaValid"], (name, call.get("schemaErrors"))
         assert call["textIsCompactJson"], name
         assert call["progress"]["problems"] == [], (name, call["progress"])
-    for torch_tool in ("check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"):
+    for torch_tool in (
+        "check_gradients",
+        "estimate_memory",
+        "profile_model",
+        "verify_checkpoint",
+        "check_distributed",
+    ):
         assert report["calls"][torch_tool]["progress"]["count"] >= 1, torch_tool
     cancel = report["cancel"]
     assert cancel["outcome"] == "rejected" and "test cancels" in cancel["error"]
