@@ -228,6 +228,10 @@ class ProfileResult(BaseModel):
     )
     device: str = Field(description="'cpu' or 'cuda:N'")
     device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
+    cpu_threads: int = Field(
+        default=1,
+        description="torch intra-op threads the measured steps ran with (cpu_threads, or torch's default)",
+    )
     cpu_load: float | None = Field(
         default=None,
         description="highest 1-minute load average seen during the run, per CPU core (above 1: oversubscribed)",
@@ -292,5 +296,14 @@ class ProfileResult(BaseModel):
     bottleneck: Bottleneck
     shares: BottleneckShares
     evidence: list[Evidence]
+    verdict_uncertain: bool = Field(
+        default=False,
+        description="true when the timings behind `bottleneck` are a close call or disagree with what the op "
+        "counts, FLOPs and bytes (which load does not change) imply: the verdict may differ on a quieter or "
+        "busier machine",
+    )
+    uncertainty: list[str] = Field(
+        default_factory=list, description="why the verdict is uncertain, one reason each"
+    )
     findings: list[Finding]
     summary: str
