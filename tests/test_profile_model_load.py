@@ -70,6 +70,24 @@ def test_timed_work_that_the_counts_call_overhead_is_uncertain():
     assert any("the counts say host overhead" in reason for reason in verdict.uncertain)
 
 
+def test_a_roofline_verdict_on_unsteady_attainable_rates_is_uncertain():
+    """Calibration repetitions 5x apart (a contended machine) put the compute/memory call in doubt."""
+    steady, contended = classify(evidence()), classify(evidence(calibration_spread=5.0))
+    assert steady.uncertain == [] and contended.bottleneck == "compute"
+    assert any("varied 5.0x" in reason for reason in contended.uncertain)
+
+
+def test_flops_done_faster_than_the_attainable_rate_expose_a_loaded_calibration():
+    """1 GFLOP in a 2 ms fastest step against 100 GFLOP/s attainable: that rate was measured under load."""
+    verdict = classify(evidence(fastest_step_s=0.002))
+    assert any("5.0x faster than the attainable matmul rate" in reason for reason in verdict.uncertain)
+
+
+def test_the_roofline_compares_against_the_fastest_step():
+    """A median stretched by load does not shrink the compute share: the fastest step is used."""
+    assert classify(evidence(step_time_s=0.050, fastest_step_s=0.010)).shares.compute == pytest.approx(1.0)
+
+
 def test_the_count_estimates_are_part_of_the_evidence():
     """The overhead and work estimates from counts are reported with the shares."""
     metrics = {e.metric: e.value for e in classify(evidence()).evidence}

@@ -14,7 +14,8 @@ of their non-data time), and the rest, host overhead (Python, dispatch, launches
 ops). The largest part wins. When it is `work`, a roofline estimate
 says which limit it is closer to: FLOPs / attainable FLOP/s (compute) against bytes moved /
 attainable bytes/s (memory bandwidth), both attainable figures measured on this machine in the
-same run.
+same run as the fastest of a few repetitions, and compared with the fastest timed step (load only
+adds time, so best case against best case is the comparison load distorts least).
 
 When the verdict is uncertain. Those shares are ratios of times, and a busy machine does not slow
 every op alike (a multi-threaded matmul waits for a descheduled thread, a tiny op does not), so a
@@ -25,7 +26,12 @@ FLOP/s and bytes / attainable bytes/s. `Verdict.uncertain` lists a reason when (
 of data wait, work and host overhead are within UNCERTAIN_MARGIN of each other; (2) the estimates
 favour the other side by COUNT_FACTOR or more (the timings say overhead and the counts say work,
 or the reverse); (3) a roofline verdict whose compute and memory shares are within ROOFLINE_FACTOR
-of each other. The verdict itself is still the timings' call; the reasons say how far to trust it.
+of each other; (4) a roofline verdict (compute, memory bandwidth, or unknown for being far from
+both) while the attainable-rate measurements varied CONTENDED_SPREAD-fold or more between
+repetitions: a contended machine (with several intra-op threads, one descheduled thread stalls
+every matmul) measures rates that move from run to run, and the roofline moves with them; (5) the
+same for a step that did its FLOPs (an exact count) COUNT_FACTOR times faster than the attainable
+matmul rate allows: the rate was measured while the machine was busier than during the step. The verdict itself is still the timings' call; the reasons say how far to trust it.
 
 Known limitations: bytes moved is an estimate (inputs plus outputs of every op, no cache reuse);
 FLOPs count only matmul, convolution and attention (FlopCounterMode), so a step of elementwise ops
@@ -46,6 +52,7 @@ FAR_FROM_BOTH_LIMITS = 0.05  # work that reaches under 5% of both roofline limit
 UNCERTAIN_MARGIN = 0.15  # shares closer than 15 points of the step trade places under load
 COUNT_FACTOR = 2.0  # the count-based estimates must lean 2x the other way to contradict the timings
 ROOFLINE_FACTOR = 1.5  # compute and memory shares within 1.5x: the roofline does not tell them apart
+CONTENDED_SPREAD = 2.0  # repetitions of one matmul or copy 2x apart: the attainable rates are not steady
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,8 @@ class StepEvidence:
     median_op_time_s: float
     per_op_overhead_s: float
     host_syncs_per_step: int
+    fastest_step_s: float | None = None  # the least loaded timed step; None: use step_time_s
+    calibration_spread: float = 1.0  # slowest / fastest repetition of the attainable-rate measurements
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,9 @@ def classify(e: StepEvidence) -> Verdict:
     data = _clip(e.data_wait_share) if e.data_wait_share is not None else None
     work = (1.0 - (data or 0.0)) * _clip(e.work_fraction)
     host = _clip(1.0 - work - (data or 0.0))
-    compute = _clip(_ratio(_ratio(e.flops_per_step, e.attainable_flops_per_s), e.step_time_s))
-    memory = _clip(_ratio(_ratio(e.bytes_per_step, e.attainable_bytes_per_s), e.step_time_s))
+    fastest = e.fastest_step_s or e.step_time_s  # best case against the calibration's best case
+    compute = _clip(_ratio(_ratio(e.flops_per_step, e.attainable_flops_per_s), fastest))
+    memory = _clip(_ratio(_ratio(e.bytes_per_step, e.attainable_bytes_per_s), fastest))
     shares = BottleneckShares(
         data_wait=data, host_overhead=host, work=work, compute=compute, memory_bandwidth=memory
     )
@@ -146,6 +156,18 @@ def _uncertainty(e: StepEvidence, s: BottleneckShares, bottleneck: Bottleneck) -
             f"the timings say work, but the counts say host overhead: dispatching {e.ops_per_step:.0f} "
             f"ops costs about {overhead * 1e3:.3g} ms against {work * 1e3:.3g} ms for the FLOPs and bytes "
             "at the attainable rates"
+        )
+    if work_side and e.calibration_spread >= CONTENDED_SPREAD:
+        reasons.append(
+            f"the attainable matmul or copy rate varied {e.calibration_spread:.1f}x between repetitions: "
+            "the machine is contended, so the compute and memory shares rest on unsteady rates"
+        )
+    fastest = e.fastest_step_s or e.step_time_s
+    flops_time = _ratio(e.flops_per_step, e.attainable_flops_per_s)
+    if work_side and fastest > 0 and flops_time >= COUNT_FACTOR * fastest:
+        reasons.append(
+            f"the step did its FLOPs {flops_time / fastest:.1f}x faster than the attainable matmul rate "
+            "measured in this run allows: that rate was measured under heavier load than the step"
         )
     if bottleneck in ("compute", "memory_bandwidth"):
         low, high = sorted((s.compute, s.memory_bandwidth))

@@ -194,9 +194,9 @@ class BottleneckShares(BaseModel):
     host_overhead: float = Field(
         description="the rest: 1 - work - data_wait (Python, dispatch, launches, syncs)"
     )
-    compute: float = Field(description="roofline estimate: FLOPs / attainable FLOP/s / step time")
+    compute: float = Field(description="roofline estimate: FLOPs / attainable FLOP/s / fastest step time")
     memory_bandwidth: float = Field(
-        description="roofline estimate: bytes moved / attainable bytes/s / step time"
+        description="roofline estimate: bytes moved / attainable bytes/s / fastest step time"
     )
 
 

@@ -284,6 +284,8 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
         StepEvidence(
             on_gpu=m.on_gpu,
             step_time_s=timing.median,
+            fastest_step_s=timing.min,
+            calibration_spread=m.cal.spread,
             data_wait_share=m.timed.data_wait_share if has_loader else None,
             work_fraction=m.trace.work_fraction,
             flops_per_step=m.probe.flops,
