@@ -15,7 +15,12 @@ import torch._dynamo  # noqa: F401 - FlopCounterMode imports it on first use (~2
 import torch.nn.functional as F
 from torch import nn
 
-from torch_skills.profiling.flops import flop_counter, grouped_mm_flops
+from torch_skills.profiling.flops import (
+    cudnn_rnn_backward_flops,
+    cudnn_rnn_flops,
+    flop_counter,
+    grouped_mm_flops,
+)
 
 B, T, IN, H = 4, 16, 32, 64  # batch, time steps, input features, hidden size
 TOLERANCE = 0.03  # the analytic counts leave out the first step's zero hidden state and elementwise ops
@@ -179,3 +184,35 @@ def test_a_top2_moe_step_counts_the_expert_matmuls_on_the_routed_tokens(layer):
 def test_grouped_matmul_flops_are_those_of_one_matmul_of_the_same_rows(a, b, flops):
     """Each grouped-matmul layout costs 2 * M * K * N over the rows and columns it really multiplies."""
     assert grouped_mm_flops(a, b) == flops
+
+
+def lstm_weight_shapes(layers: int, inputs: int, hidden: int, proj: int = 0) -> list[tuple[int, ...]]:
+    """The flat weight list aten._cudnn_rnn receives: per layer w_ih, w_hh, b_ih, b_hh (and w_hr)."""
+    out_size = proj or hidden
+    shapes = []
+    for layer in range(layers):
+        shapes += [
+            (4 * hidden, inputs if layer == 0 else out_size),
+            (4 * hidden, out_size),
+            (4 * hidden,),
+            (4 * hidden,),
+        ]
+        shapes += [(proj, hidden)] if proj else []
+    return shapes
+
+
+def test_cudnn_rnn_flops_are_the_gate_matmuls_over_all_layers():
+    """On a GPU one _cudnn_rnn covers every layer: 2 * rows * the numel of its weight matrices (biases left out)."""
+    assert cudnn_rnn_flops((B, T, IN), lstm_weight_shapes(2, IN, H)) == rnn_forward_flops(2, 4)
+    with_projection = cudnn_rnn_flops((B, T, IN), lstm_weight_shapes(1, IN, H, proj=16))
+    assert with_projection == 2 * B * T * (4 * H * IN + 4 * H * 16 + 16 * H)
+
+
+@pytest.mark.parametrize(
+    ("mask", "forwards"), [((True, False, False, True), 2), ((False, False, False, True), 1)]
+)
+def test_cudnn_rnn_backward_counts_one_forward_per_kind_of_gradient_asked(mask, forwards):
+    """Data gradients cost one forward, weight gradients another; output_mask says which were asked."""
+    weights = lstm_weight_shapes(2, IN, H)
+    backward = cudnn_rnn_backward_flops((B, T, IN), weights, *([None] * 19), list(mask))
+    assert backward == forwards * rnn_forward_flops(2, 4)

@@ -34,7 +34,7 @@ same for a step that did its FLOPs (an exact count) COUNT_FACTOR times faster th
 matmul rate allows: the rate was measured while the machine was busier than during the step. The verdict itself is still the timings' call; the reasons say how far to trust it.
 
 Known limitations: bytes moved is an estimate (inputs plus outputs of every op, no cache reuse);
-FLOPs count only matmul, convolution and attention (FlopCounterMode), so a step of elementwise ops
+FLOPs count only matmul, convolution, attention, RNN gates and grouped matmuls (flops.py), so a step of elementwise ops
 has near-zero compute share by construction; on a CPU host overhead and work are told apart by
 op length, so a few long ops that do neither arithmetic nor memory traffic (a sort, a Python-side
 loop inside a custom op) end as `unknown`.

@@ -250,7 +250,10 @@ class ProfileResult(BaseModel):
     data_wait_s: float | None = Field(default=None, description="median time per step in next(loader)")
     data_wait_share: float | None = None
 
-    flops_per_step: int = Field(description="FlopCounterMode count: matmul, conv, attention (others count 0)")
+    flops_per_step: int = Field(
+        description="FlopCounterMode count: matmul, conv, attention, fused RNN layers, grouped "
+        "matmuls (MoE experts); elementwise ops count 0"
+    )
     achieved_flops_per_s: float
     attainable_flops_per_s: float = Field(
         description="a large matmul in the step's dtype, measured in this run"
