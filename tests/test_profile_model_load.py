@@ -77,6 +77,12 @@ def test_a_roofline_verdict_on_unsteady_attainable_rates_is_uncertain():
     assert any("varied 5.0x" in reason for reason in contended.uncertain)
 
 
+def test_a_roofline_verdict_on_unsteady_steps_is_uncertain():
+    """Timed steps 3x apart put a work-side verdict in doubt; steady steps do not."""
+    assert classify(evidence(step_spread=1.2)).uncertain == []
+    assert any("3.0x the fastest" in reason for reason in classify(evidence(step_spread=3.0)).uncertain)
+
+
 def test_flops_done_faster_than_the_attainable_rate_expose_a_loaded_calibration():
     """1 GFLOP in a 2 ms fastest step against 100 GFLOP/s attainable: that rate was measured under load."""
     verdict = classify(evidence(fastest_step_s=0.002))
@@ -101,7 +107,8 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("model", "shape"), [("tiny_ops", [4, 16]), ("big_matmul", [512, 1024]), ("elementwise", [64, 16384])]
+    ("model", "shape"),
+    [("tiny_ops", [4, 16]), ("big_matmul", [512, 1024]), ("flops_mlp", [32, 64]), ("small_mlp", [256, 64])],
 )
 def test_a_busy_machine_gives_the_same_verdict_or_says_it_is_uncertain(model, shape):
     """One spinning process per core during the run: same bottleneck as without them, or the flag is set."""

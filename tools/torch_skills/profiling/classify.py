@@ -28,8 +28,9 @@ favour the other side by COUNT_FACTOR or more (the timings say overhead and the 
 or the reverse); (3) a roofline verdict whose compute and memory shares are within ROOFLINE_FACTOR
 of each other; (4) a roofline verdict (compute, memory bandwidth, or unknown for being far from
 both) while the attainable-rate measurements varied CONTENDED_SPREAD-fold or more between
-repetitions: a contended machine (with several intra-op threads, one descheduled thread stalls
-every matmul) measures rates that move from run to run, and the roofline moves with them; (5) the
+repetitions, or the timed steps did (slowest / fastest): a contended machine (with several
+intra-op threads, one descheduled thread stalls every matmul) measures rates and steps that move
+from run to run, and the roofline moves with them; (5) the
 same for a step that did its FLOPs (an exact count) COUNT_FACTOR times faster than the attainable
 matmul rate allows: the rate was measured while the machine was busier than during the step. The verdict itself is still the timings' call; the reasons say how far to trust it.
 
@@ -75,6 +76,7 @@ class StepEvidence:
     host_syncs_per_step: int
     fastest_step_s: float | None = None  # the least loaded timed step; None: use step_time_s
     calibration_spread: float = 1.0  # slowest / fastest repetition of the attainable-rate measurements
+    step_spread: float = 1.0  # slowest / fastest timed step
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,11 @@ def _uncertainty(e: StepEvidence, s: BottleneckShares, bottleneck: Bottleneck) -
         reasons.append(
             f"the attainable matmul or copy rate varied {e.calibration_spread:.1f}x between repetitions: "
             "the machine is contended, so the compute and memory shares rest on unsteady rates"
+        )
+    if work_side and e.step_spread >= CONTENDED_SPREAD:
+        reasons.append(
+            f"the slowest timed step took {e.step_spread:.1f}x the fastest: the machine is contended or "
+            "the step varies, so its share of either limit moves between runs"
         )
     fastest = e.fastest_step_s or e.step_time_s
     flops_time = _ratio(e.flops_per_step, e.attainable_flops_per_s)

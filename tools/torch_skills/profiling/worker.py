@@ -286,6 +286,7 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
             step_time_s=timing.median,
             fastest_step_s=timing.min,
             calibration_spread=m.cal.spread,
+            step_spread=timing.max / timing.min if timing.min > 0 else 1.0,
             data_wait_share=m.timed.data_wait_share if has_loader else None,
             work_fraction=m.trace.work_fraction,
             flops_per_step=m.probe.flops,
