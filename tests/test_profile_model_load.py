@@ -83,6 +83,13 @@ def test_a_roofline_verdict_on_unsteady_steps_is_uncertain():
     assert any("3.0x the fastest" in reason for reason in classify(evidence(step_spread=3.0)).uncertain)
 
 
+def test_a_step_near_the_unknown_line_of_the_roofline_is_uncertain():
+    """10% of the attainable matmul rate is near the 5% line between 'compute' and 'unknown': flagged."""
+    verdict = classify(evidence(flops_per_step=1e8))
+    assert verdict.bottleneck == "compute"
+    assert any("close to the 5%" in reason for reason in verdict.uncertain)
+
+
 def test_flops_done_faster_than_the_attainable_rate_expose_a_loaded_calibration():
     """1 GFLOP in a 2 ms fastest step against 100 GFLOP/s attainable: that rate was measured under load."""
     verdict = classify(evidence(fastest_step_s=0.002))

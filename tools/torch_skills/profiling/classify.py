@@ -26,7 +26,8 @@ FLOP/s and bytes / attainable bytes/s. `Verdict.uncertain` lists a reason when (
 of data wait, work and host overhead are within UNCERTAIN_MARGIN of each other; (2) the estimates
 favour the other side by COUNT_FACTOR or more (the timings say overhead and the counts say work,
 or the reverse); (3) a roofline verdict whose compute and memory shares are within ROOFLINE_FACTOR
-of each other; (4) a roofline verdict (compute, memory bandwidth, or unknown for being far from
+of each other, or whose larger share is within NEAR_THRESHOLD_FACTOR of FAR_FROM_BOTH_LIMITS (the
+line between "bound by it" and "unknown", which a rate measured 4x off moves across); (4) a roofline verdict (compute, memory bandwidth, or unknown for being far from
 both) while the attainable-rate measurements varied CONTENDED_SPREAD-fold or more between
 repetitions, or the timed steps did (slowest / fastest): a contended machine (with several
 intra-op threads, one descheduled thread stalls every matmul) measures rates and steps that move
@@ -53,6 +54,9 @@ FAR_FROM_BOTH_LIMITS = 0.05  # work that reaches under 5% of both roofline limit
 UNCERTAIN_MARGIN = 0.15  # shares closer than 15 points of the step trade places under load
 COUNT_FACTOR = 2.0  # the count-based estimates must lean 2x the other way to contradict the timings
 ROOFLINE_FACTOR = 1.5  # compute and memory shares within 1.5x: the roofline does not tell them apart
+NEAR_THRESHOLD_FACTOR = (
+    4.0  # roofline shares within 4x of FAR_FROM_BOTH_LIMITS: unknown vs bound is a close call
+)
 CONTENDED_SPREAD = 2.0  # repetitions of one matmul or copy 2x apart: the attainable rates are not steady
 
 
@@ -175,6 +179,18 @@ def _uncertainty(e: StepEvidence, s: BottleneckShares, bottleneck: Bottleneck) -
         reasons.append(
             f"the step did its FLOPs {flops_time / fastest:.1f}x faster than the attainable matmul rate "
             "measured in this run allows: that rate was measured under heavier load than the step"
+        )
+    nearest = max(s.compute, s.memory_bandwidth)
+    if (
+        work_side
+        and FAR_FROM_BOTH_LIMITS / NEAR_THRESHOLD_FACTOR
+        <= nearest
+        < FAR_FROM_BOTH_LIMITS * NEAR_THRESHOLD_FACTOR
+    ):
+        reasons.append(
+            f"the step reaches {nearest:.1%} of the nearer roofline limit, close to the "
+            f"{FAR_FROM_BOTH_LIMITS:.0%} below which no limit explains it: a busier or quieter machine moves "
+            "it across that line"
         )
     if bottleneck in ("compute", "memory_bandwidth"):
         low, high = sorted((s.compute, s.memory_bandwidth))
