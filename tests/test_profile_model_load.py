@@ -117,10 +117,10 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
     ("model", "shape"),
     [("tiny_ops", [4, 16]), ("big_matmul", [512, 1024]), ("flops_mlp", [32, 64]), ("small_mlp", [256, 64])],
 )
-def test_a_busy_machine_gives_the_same_verdict_or_says_it_is_uncertain(model, shape):
+def test_a_busy_machine_gives_the_same_verdict_or_says_it_is_uncertain(model, shape, tmp_path):
     """One spinning process per core during the run: same bottleneck as without them, or the flag is set."""
     request = ProfileRequest(model=f"{SCENARIO_MODELS}:{model}", input_shape=shape, mode="inference")
-    job = JobContext(REPO, "cpu", [str(REPO)], str(REPO))
+    job = JobContext(tmp_path, "cpu", [str(REPO)], str(REPO))  # the job folder takes its progress file
     quiet = run(request, job)
     cores = len(os.sched_getaffinity(0))
     spinners = [
