@@ -125,3 +125,44 @@ class ValueLogger(nn.Module):
 
 def value_logger() -> nn.Module:
     return ValueLogger()
+
+
+class SequenceTagger(nn.Module):
+    """A 2-layer LSTM over (B, T, 32) features and a per-step head: gate matmuls dominate the FLOPs."""
+
+    def __init__(self, features: int = 32, hidden: int = 64, layers: int = 2, classes: int = 5):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, features)
+        return self.head(self.lstm(x)[0])  # (B, T, classes)
+
+
+def lstm_tagger() -> nn.Module:
+    return SequenceTagger()
+
+
+class GroupedMoE(nn.Module):
+    """A top-2-of-4 SwiGLU MoE with experts as 3-D weights run by torch._grouped_mm (transformers 5's Mixtral)."""
+
+    def __init__(self, dim: int = 64, hidden: int = 128, experts: int = 4, k: int = 2):
+        super().__init__()
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.gate_up = nn.Parameter(torch.randn(experts, dim, 2 * hidden) * dim**-0.5)  # (E, D, 2F)
+        self.down = nn.Parameter(torch.randn(experts, hidden, dim) * hidden**-0.5)  # (E, F, D)
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, D)
+        weights, chosen = torch.topk(torch.softmax(self.router(x), dim=-1), self.k, dim=-1)  # (N, k)
+        order = chosen.flatten().argsort()  # token slots sorted by expert
+        rows = x.index_select(0, order // self.k)  # (N*k, D)
+        offs = torch.bincount(chosen.flatten(), minlength=self.gate_up.shape[0]).cumsum(0).to(torch.int32)
+        gate, up = torch._grouped_mm(rows, self.gate_up, offs=offs).chunk(2, dim=-1)  # (N*k, F) each
+        y = torch._grouped_mm(nn.functional.silu(gate) * up, self.down, offs=offs)  # (N*k, D)
+        y = y * weights.flatten()[order, None]
+        return torch.zeros_like(x).index_add_(0, order // self.k, y)
+
+
+def grouped_moe() -> nn.Module:
+    return GroupedMoE()

@@ -19,6 +19,13 @@ MODELS = "evals/models/profile_model_scenarios.py"
 B, IN, HIDDEN, OUT = 32, 64, 128, 10  # flops_mlp: Linear(64, 128) -> ReLU -> Linear(128, 10)
 FORWARD_FLOPS = 2 * B * IN * HIDDEN + 2 * B * HIDDEN * OUT  # 606_208
 TRAIN_FLOPS = 4 * B * IN * HIDDEN + 6 * B * HIDDEN * OUT  # 1_294_336
+# lstm_tagger: LSTM(32, 64, 2 layers) on (4, 16, 32), then Linear(64, 5) per step; 4 gates per step and layer
+SEQ_B, SEQ_T, SEQ_IN, SEQ_H, SEQ_OUT = 4, 16, 32, 64, 5
+LSTM_FORWARD_FLOPS = 2 * SEQ_B * SEQ_T * ((SEQ_IN + SEQ_H) + (SEQ_H + SEQ_H)) * 4 * SEQ_H  # 7_340_032
+TAGGER_FORWARD_FLOPS = LSTM_FORWARD_FLOPS + 2 * SEQ_B * SEQ_T * SEQ_H * SEQ_OUT
+# grouped_moe: 64 tokens of width 64, router to 4 experts, top-2 SwiGLU experts of width 128 (3 matmuls each)
+MOE_N, MOE_D, MOE_F, MOE_E, MOE_K = 64, 64, 128, 4, 2
+MOE_FORWARD_FLOPS = 2 * MOE_N * MOE_D * MOE_E + 2 * MOE_N * MOE_K * 3 * MOE_D * MOE_F  # 6_324_224
 
 SCENARIOS: list[Scenario] = [
     Scenario(
@@ -139,6 +146,34 @@ SCENARIOS: list[Scenario] = [
             Expect("phases[*].phase", "contains", "backward"),
             Expect("phases[*].phase", "contains", "optimizer"),
         ],
+    ),
+    Scenario(
+        id="profile-flops-fused-lstm",
+        tool="profile_model",
+        description="a 2-layer LSTM tagger, forward only: the fused LSTM's gate matmuls are counted",
+        arguments={
+            "model": f"{MODELS}:lstm_tagger",
+            "input_shape": [SEQ_B, SEQ_T, SEQ_IN],
+            "mode": "inference",
+            "cpu_threads": 1,
+        },
+        expect=[
+            Expect("flops_per_step", "eq", TAGGER_FORWARD_FLOPS),
+            Expect("modules[0].flops_per_step", "eq", LSTM_FORWARD_FLOPS),
+            Expect("device_name", "contains", "(1 thread)"),
+        ],
+    ),
+    Scenario(
+        id="profile-flops-grouped-mm-moe",
+        tool="profile_model",
+        description="a top-2-of-4 MoE whose experts run as grouped matmuls on the routed tokens",
+        arguments={
+            "model": f"{MODELS}:grouped_moe",
+            "input_shape": [MOE_N, MOE_D],
+            "mode": "inference",
+            "cpu_threads": 1,
+        },
+        expect=[Expect("flops_per_step", "eq", MOE_FORWARD_FLOPS)],
     ),
     Scenario(
         id="profile-loader-not-iterable",

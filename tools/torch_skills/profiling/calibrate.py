@@ -2,9 +2,11 @@
 
 Use `calibrate(torch.device("cpu"), torch.float32)` -> `Calibration(...)`. The profile compares the
 user's step with these figures, measured in the same process under the same load, so the ratios
-hold on a busy machine too. Each figure is the median of a few repetitions after a warm-up; the
-matmul size doubles from 256 until one matmul takes long enough to be past launch and cache
-effects (or the size cap is reached), and the best size's median counts.
+hold on a busy machine too. Each figure is the fastest of a few repetitions after a warm-up: load
+only ever adds time (a descheduled thread, a stolen core), so the fastest repetition is the one
+closest to what the machine attains, and classify.py compares it with the step's fastest time.
+The matmul size doubles from 256 until one matmul takes long enough to be past launch and cache
+effects (or the size cap is reached), and the best size counts.
 
 Known limitations: one large square matmul is the attainable rate, not the datasheet peak (see
 peaks.py for that); the copy is a device-to-same-device copy of a buffer larger than any cache on
@@ -13,7 +15,6 @@ CPUs we know of, which approximates main-memory bandwidth.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ class Calibration:
     matmul_size: int
     copy_bytes_per_s: float
     tiny_op_s: float
+    spread: float = (
+        1.0  # slowest / fastest repetition of the matmul and the copy, the larger: above ~2, contended
+    )
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -43,7 +47,8 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def _median_time(fn: Callable[[], object], sync: Callable[[], None], repeats: int = REPEATS) -> float:
+def _times(fn: Callable[[], object], sync: Callable[[], None], repeats: int = REPEATS) -> list[float]:
+    """`repeats` timed calls after one untimed call."""
     fn()
     sync()
     times = []
@@ -52,35 +57,39 @@ def _median_time(fn: Callable[[], object], sync: Callable[[], None], repeats: in
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, int]:
-    """(FLOP/s, size) of the best square matmul size on this device and dtype."""
+def _spread(times: list[float]) -> float:
+    return max(times) / min(times) if min(times) > 0 else 1.0
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, int, float]:
+    """(FLOP/s, size, spread of its repetitions) of the best square matmul size on this device and dtype."""
     sync = synchronizer(device)
     kind = device.type if device.type in MATMUL_CAP else "cpu"
-    best, best_n, n = 0.0, MATMUL_START, MATMUL_START
+    best, best_n, best_spread, n = 0.0, MATMUL_START, 1.0, MATMUL_START
     while n <= MATMUL_CAP[kind]:
         a = torch.randn(n, n, device=device).to(dtype)  # (n, n)
         b = torch.randn(n, n, device=device).to(dtype)  # (n, n)
-        seconds = _median_time(lambda a=a, b=b: torch.mm(a, b), sync, repeats=3)
-        rate = 2 * n**3 / seconds  # a (n, n) @ (n, n) matmul is n^2 dot products of length n
+        times = _times(lambda a=a, b=b: torch.mm(a, b), sync, repeats=3)
+        rate = 2 * n**3 / min(times)  # a (n, n) @ (n, n) matmul is n^2 dot products of length n
         if rate > best:
-            best, best_n = rate, n
-        if seconds >= MATMUL_LONG_ENOUGH_S[kind]:
+            best, best_n, best_spread = rate, n, _spread(times)
+        if min(times) >= MATMUL_LONG_ENOUGH_S[kind]:
             break
         n *= 2
-    return best, best_n
+    return best, best_n, best_spread
 
 
-def copy_rate(device: torch.device) -> float:
-    """Bytes/s of a large same-device copy (each byte read once and written once)."""
+def copy_rate(device: torch.device) -> tuple[float, float]:
+    """(Bytes/s, spread of its repetitions) of a large same-device copy (each byte read once and written once)."""
     sync = synchronizer(device)
     numel = COPY_BYTES.get(device.type, COPY_BYTES["cpu"]) // 4
     src = torch.ones(numel, device=device)
     dst = torch.empty_like(src)
-    seconds = _median_time(lambda: dst.copy_(src), sync)
-    return 2 * src.nbytes / seconds
+    times = _times(lambda: dst.copy_(src), sync)
+    return 2 * src.nbytes / min(times), _spread(times)
 
 
 def tiny_op_cost(device: torch.device) -> float:
@@ -93,16 +102,18 @@ def tiny_op_cost(device: torch.device) -> float:
         for _ in range(TINY_OPS_PER_REPEAT):
             torch.add(a, b)
 
-    return _median_time(loop, sync) / TINY_OPS_PER_REPEAT
+    return min(_times(loop, sync)) / TINY_OPS_PER_REPEAT
 
 
 def calibrate(device: torch.device, dtype: torch.dtype) -> Calibration:
     """Measure the three reference figures; about 0.3 s on a CPU, less on a GPU."""
     with torch.no_grad():
-        flops, size = matmul_rate(device, dtype)
+        flops, size, matmul_spread = matmul_rate(device, dtype)
+        copy, copy_spread = copy_rate(device)
         return Calibration(
             matmul_flops_per_s=flops,
             matmul_size=size,
-            copy_bytes_per_s=copy_rate(device),
+            copy_bytes_per_s=copy,
             tiny_op_s=tiny_op_cost(device),
+            spread=max(matmul_spread, copy_spread),
         )

@@ -195,8 +195,7 @@ def findings_for(r: ProfileResult) -> list[Finding]:
                 severity="warning",
                 code="cpu_contention",
                 message=f"The machine was oversubscribed during the run (load {r.cpu_load:.1f} per core): "
-                "intra-op threads wait for each other and for a core, so small ops look slow and steps "
-                "stall at random. Measure on a quiet machine, or call again with cpu_threads=1.",
+                + _contention_advice(r),
                 skill="performance-profiling",
             )
         )
@@ -285,6 +284,20 @@ def _compile_findings(r: ProfileResult) -> list[Finding]:
     return out
 
 
+def _contention_advice(r: ProfileResult) -> str:
+    """What load does to this run's timings, and a next step it has not already taken."""
+    if r.cpu_threads == 1:
+        return (
+            "this run already used 1 thread, so its step waited for a core whenever another process "
+            "held it and the timings include that wait. Measure on a quiet machine, or compare "
+            "several runs and trust the fastest."
+        )
+    return (
+        f"the {r.cpu_threads} intra-op threads wait for each other and for a core, so small ops look slow "
+        "and steps stall at random. Measure on a quiet machine, or call again with cpu_threads=1."
+    )
+
+
 def summary_for(r: ProfileResult) -> str:
     """Two or three sentences a person reads first."""
     rate = f", {format_number(r.throughput_samples_per_s)} samples/s" if r.throughput_samples_per_s else ""
@@ -310,7 +323,11 @@ def summary_for(r: ProfileResult) -> str:
             if r.compile.status == "ok" and r.compile.speedup
             else " torch.compile failed."
         )
-    return f"{head} {_verdict_words(r, why)}{top}{syncs}{comp} Profiler overhead {r.profiler_overhead_ratio:.2f}x."
+    doubt = f" The verdict is uncertain: {r.uncertainty[0]}." if r.verdict_uncertain and r.uncertainty else ""
+    return (
+        f"{head} {_verdict_words(r, why)}{doubt}{top}{syncs}{comp} "
+        f"Profiler overhead {r.profiler_overhead_ratio:.2f}x."
+    )
 
 
 BOTTLENECK_WORDS = {

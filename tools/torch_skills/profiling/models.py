@@ -194,9 +194,9 @@ class BottleneckShares(BaseModel):
     host_overhead: float = Field(
         description="the rest: 1 - work - data_wait (Python, dispatch, launches, syncs)"
     )
-    compute: float = Field(description="roofline estimate: FLOPs / attainable FLOP/s / step time")
+    compute: float = Field(description="roofline estimate: FLOPs / attainable FLOP/s / fastest step time")
     memory_bandwidth: float = Field(
-        description="roofline estimate: bytes moved / attainable bytes/s / step time"
+        description="roofline estimate: bytes moved / attainable bytes/s / fastest step time"
     )
 
 
@@ -228,6 +228,10 @@ class ProfileResult(BaseModel):
     )
     device: str = Field(description="'cpu' or 'cuda:N'")
     device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
+    cpu_threads: int = Field(
+        default=1,
+        description="torch intra-op threads the measured steps ran with (cpu_threads, or torch's default)",
+    )
     cpu_load: float | None = Field(
         default=None,
         description="highest 1-minute load average seen during the run, per CPU core (above 1: oversubscribed)",
@@ -246,7 +250,10 @@ class ProfileResult(BaseModel):
     data_wait_s: float | None = Field(default=None, description="median time per step in next(loader)")
     data_wait_share: float | None = None
 
-    flops_per_step: int = Field(description="FlopCounterMode count: matmul, conv, attention (others count 0)")
+    flops_per_step: int = Field(
+        description="FlopCounterMode count: matmul, conv, attention, fused RNN layers, grouped "
+        "matmuls (MoE experts); elementwise ops count 0"
+    )
     achieved_flops_per_s: float
     attainable_flops_per_s: float = Field(
         description="a large matmul in the step's dtype, measured in this run"
@@ -292,5 +299,14 @@ class ProfileResult(BaseModel):
     bottleneck: Bottleneck
     shares: BottleneckShares
     evidence: list[Evidence]
+    verdict_uncertain: bool = Field(
+        default=False,
+        description="true when the timings behind `bottleneck` are a close call or disagree with what the op "
+        "counts, FLOPs and bytes (which load does not change) imply: the verdict may differ on a quieter or "
+        "busier machine",
+    )
+    uncertainty: list[str] = Field(
+        default_factory=list, description="why the verdict is uncertain, one reason each"
+    )
     findings: list[Finding]
     summary: str

@@ -16,7 +16,8 @@ optimizer (AdamW reads its step counters) are left out: they stay host-side on a
 
 Known limitations: bytes moved is the size of every input and output of every non-view op,
 an upper bound that ignores caches and fusion; FLOPs cover what FlopCounterMode has formulas for
-(matmul, convolution, attention), elementwise ops count zero.
+(matmul, convolution, attention) plus flops.py's (fused RNN layers, grouped matmuls); elementwise
+ops count zero.
 """
 
 from __future__ import annotations

@@ -101,7 +101,12 @@ def resolve_trace_path(trace_path: str | None, job) -> Path | None:
     return path
 
 
-def _device_name(device: torch.device) -> str:
+def _thread_words(threads: int) -> str:
+    return f"{threads} thread" if threads == 1 else f"{threads} threads"
+
+
+def _device_name(device: torch.device, threads: int) -> str:
+    """The GPU's name, or the CPU model with the intra-op threads the steps ran with."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = platform.processor() or platform.machine()
@@ -112,7 +117,7 @@ def _device_name(device: torch.device) -> str:
             )
     except OSError:
         pass
-    return f"cpu: {model} ({torch.get_num_threads()} threads)"
+    return f"cpu: {model} ({_thread_words(threads)})"
 
 
 def _peak_dtype(precision: str) -> PeakDType:
@@ -160,6 +165,7 @@ class _Measured:
     compile_report: CompileReport | None
     cpu_loads: list[float | None]
     probe_error: str | None
+    threads: int  # torch.get_num_threads() while the steps ran (run() restores the caller's afterwards)
 
     @property
     def on_gpu(self) -> bool:
@@ -227,6 +233,7 @@ def _measure(request: ProfileRequest, job) -> _Measured:
         compile_report,
         loads,
         probe_error,
+        torch.get_num_threads(),
     )
 
 
@@ -277,6 +284,9 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
         StepEvidence(
             on_gpu=m.on_gpu,
             step_time_s=timing.median,
+            fastest_step_s=timing.min,
+            calibration_spread=m.cal.spread,
+            step_spread=timing.max / timing.min if timing.min > 0 else 1.0,
             data_wait_share=m.timed.data_wait_share if has_loader else None,
             work_fraction=m.trace.work_fraction,
             flops_per_step=m.probe.flops,
@@ -289,7 +299,7 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
             host_syncs_per_step=syncs_per_step,
         )
     )
-    device_name = _device_name(m.device)
+    device_name = _device_name(m.device, m.threads)
     peak = peak_flops(device_name, _peak_dtype(request.precision)) if m.on_gpu else None
     achieved = m.probe.flops / timing.median if timing.median > 0 else 0.0
     result = ProfileResult(
@@ -297,6 +307,7 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
         loader=loader_info(m.runner.source.iterable) if has_loader else None,
         device=f"cuda:{torch.cuda.current_device()}" if m.on_gpu else "cpu",
         device_name=device_name,
+        cpu_threads=m.threads,
         cpu_load=max((x for x in m.cpu_loads if x is not None), default=None),
         mode=request.mode,
         precision=request.precision,
@@ -338,6 +349,8 @@ def _result(request: ProfileRequest, m: _Measured) -> ProfileResult:
         bottleneck=verdict.bottleneck,
         shares=verdict.shares,
         evidence=verdict.evidence,
+        verdict_uncertain=bool(verdict.uncertain),
+        uncertainty=verdict.uncertain,
         findings=[],
         summary="",
     )  # fmt: skip
