@@ -20,6 +20,10 @@ from torch_skills.skillpack.router import EXAMPLES_REFERENCE
 
 SKILLS = Path(DEFAULT_SKILLS_DIR)
 USERS_WORDS = SKILLS / ROUTER_NAME / EXAMPLES_REFERENCE  # questions as users asked them, not claims
+_CPU_WHEEL = pytest.mark.skipif(
+    torch.version.cuda is not None or torch.version.hip is not None,
+    reason="states what a CPU-only wheel shows",
+)
 
 
 def _pack_text_files() -> list[Path]:
@@ -387,11 +391,27 @@ def test_the_default_device_is_where_tensors_go_not_which_accelerator_exists():
         assert torch.get_default_device().type == "meta" and torch.empty(1).is_meta
     finally:
         torch.set_default_device(None)
-    assert torch.accelerator.current_accelerator() is None  # this CPU-only wheel
+    if not torch.accelerator.is_available():  # CI: no GPU, whatever the wheel was built for
+        assert torch.accelerator.current_accelerator(check_available=True) is None
+    if torch.version.cuda is None and torch.version.hip is None:
+        assert torch.accelerator.current_accelerator() is None  # a CPU-only wheel
     text = _ref("tensor-operations-and-memory", "mps-and-rocm.md")
     assert "give the same\nanswer" not in text and "not which accelerator exists" in text
 
 
+def test_the_skills_ask_current_accelerator_to_check_availability():
+    """Without check_available=True a CUDA wheel on a machine with no GPU still answers cuda."""
+    assert (
+        inspect.signature(torch.accelerator.current_accelerator).parameters["check_available"].default
+        is False
+    )
+    calls = [
+        c for p in _pack_text_files() for c in re.findall(r"current_accelerator\([^)]*\)", p.read_text())
+    ]
+    assert calls and all("check_available=True" in c for c in calls), calls
+
+
+@_CPU_WHEEL
 def test_the_device_block_reports_a_cpu_only_build_instead_of_cuda_none():
     """The build string comes out 'CPU-only', never 'CUDA None', on a wheel without CUDA."""
     import contextlib
@@ -645,6 +665,7 @@ def test_an_iterable_dataset_yields_every_sample_once_per_worker_unless_sharded(
     assert "get_worker_info" in text and "/dev/shm" in text and "collate_fn" in text
 
 
+@_CPU_WHEEL
 def test_a_cpu_wheel_has_no_cuda_version_no_architectures_and_no_gpu():
     """What the GPU-visibility reference tells the reader to look for on a CPU wheel."""
     assert torch.version.cuda is None and torch.version.hip is None
@@ -662,8 +683,11 @@ def test_the_wheel_table_matches_the_architectures_this_torch_release_lists():
     listed = {label.split()[0]: {round(float(c) * 10) for c in caps.split(",")} for label, caps in rows}
     x86 = {cuda: ccs["x86_64"] for cuda, ccs in PYTORCH_RELEASES_CODE_CC.items()}
     assert listed["`cu126`"] == x86["12.6"]
-    assert all(listed["CUDA"] == x86[v] for v in ("12.9", "13.0", "13.2"))
+    newer = [v for v in x86 if v != "12.6"]  # 12.9, 13.0, 13.2 in 2.13; 13.0, 13.2, 13.4 in 2.14 and 2.15
+    assert newer and all(listed["CUDA"] == x86[v] for v in newer)
     assert 61 not in listed["CUDA"] and 120 not in listed["`cu126`"]  # Pascal only cu126; sm_120 never
+    for variant in newer:  # every variant this release lists is named in the table row
+        assert f"`cu{variant.replace('.', '')}`" in text, variant
 
 
 def test_onnx_export_defaults_to_the_dynamo_exporter_at_opset_20():
