@@ -322,10 +322,13 @@ def test_the_fsdp2_dcp_round_trip_example_has_one_home():
 # - cuDNN SDPA first on sm90/sm100: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
 #   check_prefer_cudnn_attention() (cuDNN >= 9.15.1, major 9 or 10, TORCH_CUDNN_SDPA_DEPRIORITIZED
 #   unset) and priority_order(), which then installs {cudnn, flash, efficient, math}.
+#   Still so in the 2.15.0 cu132 wheel: libtorch_cuda.so holds check_prefer_cudnn_attention and the
+#   TORCH_CUDNN_SDPA_DEPRIORITIZED string, and torch.backends.cudnn.version() is 92600.
 # - flash refuses is_causal with L != S: same file, check_flash_causal_non_square_seqlens().
 # - a misspelled PYTORCH_CUDA_ALLOC_CONF key raises on CUDA builds: c10/cuda/CUDAAllocatorConfig.cpp,
 #   CUDAAllocatorConfig::parseArgs, TORCH_CHECK_VALUE(... "Unrecognized key '", key,
 #   "' in CUDA allocator config.").
+#   The 2.15.0 cu132 wheel's libc10_cuda.so still holds "Unrecognized key '" / "' in CUDA allocator config.".
 # - float8 training saves high-precision tensors: torchao/float8/float8_linear.py,
 #   matmul_with_hp_or_float8_args.forward, ctx.save_for_backward(input_hp, weight_hp_t).
 # - Int4WeightOnlyConfig's default (version 2, "plain") needs mslk: torchao/quantization/
@@ -697,7 +700,7 @@ def test_onnx_export_defaults_to_the_dynamo_exporter_at_opset_20():
     assert inspect.signature(torch.onnx.export).parameters["dynamo"].default is True
     assert not hasattr(torch.onnx, "dynamo_export")
     text = _ref("performance-profiling", "export-and-inference.md")
-    assert f"The default opset is {_constants.ONNX_DEFAULT_OPSET} in 2.13" in text
+    assert f"The default opset is {_constants.ONNX_DEFAULT_OPSET} in 2.13 through 2.15" in text
 
 
 def test_reentrant_checkpoint_leaves_adapters_behind_a_frozen_input_without_gradients():
@@ -717,3 +720,35 @@ def test_reentrant_checkpoint_leaves_adapters_behind_a_frozen_input_without_grad
             out.sum().backward()
         assert (adapter.weight.grad is not None) is expect_grad
     assert "keep `use_reentrant=False`" in _ref("tensor-operations-and-memory", "oom-playbook.md")
+
+
+# == torch 2.14 / 2.15 ============================================================================
+def test_selective_checkpointing_keeps_its_saved_tensors_away_from_saved_tensors_hooks():
+    """SAC-saved tensors bypass save_on_cpu-style hooks; from 2.14 respect_saved_tensors_hooks=True routes them."""
+    import functools
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    block = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    x = torch.randn(2, 4, requires_grad=True)
+    save_matmuls = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.addmm.default])
+    routed = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters  # 2.14 and later
+    for respect in (None, True) if routed else (None,):
+        packed: list[torch.Size] = []
+        extra = {} if respect is None else {"respect_saved_tensors_hooks": respect}
+
+        def pack(t: torch.Tensor, into: list[torch.Size] = packed) -> torch.Tensor:
+            into.append(t.shape)
+            return t
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = checkpoint(block, x, use_reentrant=False, context_fn=save_matmuls, **extra)
+        assert packed == [x.shape] if respect is None else len(packed) > 1  # only the checkpoint's input
+        future = [w for w in caught if issubclass(w.category, FutureWarning)]
+        assert bool(future) == (routed and respect is None)
+        out.sum().backward()
+    text = _ref("tensor-operations-and-memory", "oom-playbook.md")
+    assert "respect_saved_tensors_hooks=True" in text and "From torch 2.14" in text
