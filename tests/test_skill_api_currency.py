@@ -30,6 +30,7 @@ DEPRECATED_IN_CODE = {
     r"torch\.backends\.cuda\.sdp_kernel": "use torch.nn.attention.sdpa_kernel",
     r"\bnn\.DataParallel\(|torch\.nn\.DataParallel\(": "use DistributedDataParallel",
     r"use_reentrant\s*=\s*True": "pass use_reentrant=False",
+    r"with_modules\s*=\s*True": "profiler with_modules is TorchScript-only, deprecated from 2.14: use with_stack=True",
 }
 # In prose: only inside a sentence that says it is deprecated or not to use it.
 PROSE_WARNING = re.compile(

@@ -20,6 +20,10 @@ from torch_skills.skillpack.router import EXAMPLES_REFERENCE
 
 SKILLS = Path(DEFAULT_SKILLS_DIR)
 USERS_WORDS = SKILLS / ROUTER_NAME / EXAMPLES_REFERENCE  # questions as users asked them, not claims
+_CPU_WHEEL = pytest.mark.skipif(
+    torch.version.cuda is not None or torch.version.hip is not None,
+    reason="states what a CPU-only wheel shows",
+)
 
 
 def _pack_text_files() -> list[Path]:
@@ -319,10 +323,13 @@ def test_the_fsdp2_dcp_round_trip_example_has_one_home():
 # - cuDNN SDPA first on sm90/sm100: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
 #   check_prefer_cudnn_attention() (cuDNN >= 9.15.1, major 9 or 10, TORCH_CUDNN_SDPA_DEPRIORITIZED
 #   unset) and priority_order(), which then installs {cudnn, flash, efficient, math}.
+#   Still so in the 2.15.0 cu132 wheel: libtorch_cuda.so holds check_prefer_cudnn_attention and the
+#   TORCH_CUDNN_SDPA_DEPRIORITIZED string, and torch.backends.cudnn.version() is 92600.
 # - flash refuses is_causal with L != S: same file, check_flash_causal_non_square_seqlens().
 # - a misspelled PYTORCH_CUDA_ALLOC_CONF key raises on CUDA builds: c10/cuda/CUDAAllocatorConfig.cpp,
 #   CUDAAllocatorConfig::parseArgs, TORCH_CHECK_VALUE(... "Unrecognized key '", key,
 #   "' in CUDA allocator config.").
+#   The 2.15.0 cu132 wheel's libc10_cuda.so still holds "Unrecognized key '" / "' in CUDA allocator config.".
 # - float8 training saves high-precision tensors: torchao/float8/float8_linear.py,
 #   matmul_with_hp_or_float8_args.forward, ctx.save_for_backward(input_hp, weight_hp_t).
 # - Int4WeightOnlyConfig's default (version 2, "plain") needs mslk: torchao/quantization/
@@ -388,11 +395,27 @@ def test_the_default_device_is_where_tensors_go_not_which_accelerator_exists():
         assert torch.get_default_device().type == "meta" and torch.empty(1).is_meta
     finally:
         torch.set_default_device(None)
-    assert torch.accelerator.current_accelerator() is None  # this CPU-only wheel
+    if not torch.accelerator.is_available():  # CI: no GPU, whatever the wheel was built for
+        assert torch.accelerator.current_accelerator(check_available=True) is None
+    if torch.version.cuda is None and torch.version.hip is None:
+        assert torch.accelerator.current_accelerator() is None  # a CPU-only wheel
     text = _ref("tensor-operations-and-memory", "mps-and-rocm.md")
     assert "give the same\nanswer" not in text and "not which accelerator exists" in text
 
 
+def test_the_skills_ask_current_accelerator_to_check_availability():
+    """Without check_available=True a CUDA wheel on a machine with no GPU still answers cuda."""
+    assert (
+        inspect.signature(torch.accelerator.current_accelerator).parameters["check_available"].default
+        is False
+    )
+    calls = [
+        c for p in _pack_text_files() for c in re.findall(r"current_accelerator\([^)]*\)", p.read_text())
+    ]
+    assert calls and all("check_available=True" in c for c in calls), calls
+
+
+@_CPU_WHEEL
 def test_the_device_block_reports_a_cpu_only_build_instead_of_cuda_none():
     """The build string comes out 'CPU-only', never 'CUDA None', on a wheel without CUDA."""
     import contextlib
@@ -646,6 +669,7 @@ def test_an_iterable_dataset_yields_every_sample_once_per_worker_unless_sharded(
     assert "get_worker_info" in text and "/dev/shm" in text and "collate_fn" in text
 
 
+@_CPU_WHEEL
 def test_a_cpu_wheel_has_no_cuda_version_no_architectures_and_no_gpu():
     """What the GPU-visibility reference tells the reader to look for on a CPU wheel."""
     assert torch.version.cuda is None and torch.version.hip is None
@@ -663,8 +687,11 @@ def test_the_wheel_table_matches_the_architectures_this_torch_release_lists():
     listed = {label.split()[0]: {round(float(c) * 10) for c in caps.split(",")} for label, caps in rows}
     x86 = {cuda: ccs["x86_64"] for cuda, ccs in PYTORCH_RELEASES_CODE_CC.items()}
     assert listed["`cu126`"] == x86["12.6"]
-    assert all(listed["CUDA"] == x86[v] for v in ("12.9", "13.0", "13.2"))
+    newer = [v for v in x86 if v != "12.6"]  # 12.9, 13.0, 13.2 in 2.13; 13.0, 13.2, 13.4 in 2.14 and 2.15
+    assert newer and all(listed["CUDA"] == x86[v] for v in newer)
     assert 61 not in listed["CUDA"] and 120 not in listed["`cu126`"]  # Pascal only cu126; sm_120 never
+    for variant in newer:  # every variant this release lists is named in the table row
+        assert f"`cu{variant.replace('.', '')}`" in text, variant
 
 
 def test_onnx_export_defaults_to_the_dynamo_exporter_at_opset_20():
@@ -674,7 +701,7 @@ def test_onnx_export_defaults_to_the_dynamo_exporter_at_opset_20():
     assert inspect.signature(torch.onnx.export).parameters["dynamo"].default is True
     assert not hasattr(torch.onnx, "dynamo_export")
     text = _ref("performance-profiling", "export-and-inference.md")
-    assert f"The default opset is {_constants.ONNX_DEFAULT_OPSET} in 2.13" in text
+    assert f"The default opset is {_constants.ONNX_DEFAULT_OPSET} in 2.13 through 2.15" in text
 
 
 def test_reentrant_checkpoint_leaves_adapters_behind_a_frozen_input_without_gradients():
@@ -694,3 +721,35 @@ def test_reentrant_checkpoint_leaves_adapters_behind_a_frozen_input_without_grad
             out.sum().backward()
         assert (adapter.weight.grad is not None) is expect_grad
     assert "keep `use_reentrant=False`" in _ref("tensor-operations-and-memory", "oom-playbook.md")
+
+
+# == torch 2.14 / 2.15 ============================================================================
+def test_selective_checkpointing_keeps_its_saved_tensors_away_from_saved_tensors_hooks():
+    """SAC-saved tensors bypass save_on_cpu-style hooks; from 2.14 respect_saved_tensors_hooks=True routes them."""
+    import functools
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    block = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    x = torch.randn(2, 4, requires_grad=True)
+    save_matmuls = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.addmm.default])
+    routed = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters  # 2.14 and later
+    for respect in (None, True) if routed else (None,):
+        packed: list[torch.Size] = []
+        extra = {} if respect is None else {"respect_saved_tensors_hooks": respect}
+
+        def pack(t: torch.Tensor, into: list[torch.Size] = packed) -> torch.Tensor:
+            into.append(t.shape)
+            return t
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = checkpoint(block, x, use_reentrant=False, context_fn=save_matmuls, **extra)
+        assert packed == [x.shape] if respect is None else len(packed) > 1  # only the checkpoint's input
+        future = [w for w in caught if issubclass(w.category, FutureWarning)]
+        assert bool(future) == (routed and respect is None)
+        out.sum().backward()
+    text = _ref("tensor-operations-and-memory", "oom-playbook.md")
+    assert "respect_saved_tensors_hooks=True" in text and "From torch 2.14" in text
