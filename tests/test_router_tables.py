@@ -7,7 +7,7 @@ import pytest
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
 from torch_skills.skillpack.router import RouterFormatError, load_router_table, parse_router
 
-TOOLS = {"check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"}
+TOOLS = {"check_distributed", "check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_specialist_has_a_route_section_with_phrases_of_every_kind(table):
 
 
 def test_the_tools_the_router_names_are_the_servers_diagnostic_tools(table):
-    """A **Tool:** line names only tools the server has; the four diagnostics are each named."""
+    """The "Run first" cells name only the diagnostic tools, each of them at least once."""
     named = {tool for section in table.routes.values() for tool in section.tools}
     assert named == TOOLS
 

@@ -68,10 +68,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from torch_skills.skillpack.examples import ExampleModel, with_pairs
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
 from torch_skills.skillpack.router import (
-    EXAMPLE_VERDICTS,
     OutOfScopeTopic,
     PrecedenceRule,
     RouterFormatError,
@@ -80,27 +78,10 @@ from torch_skills.skillpack.router import (
 )
 from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
 
-# The labelled examples' probability of a skill is added to its phrase score divided by the top
-# one: at 1.0 a confident example vote outweighs a runner-up phrase match, not a clear winner.
-EXAMPLE_WEIGHT = 1.0
-# A rule reorders only when the examples give its first skill at least this probability: a
-# one-condition rule ("training is slow" -> profiling) needs a plausible share, its trigger words
-# alone being weak evidence; a two-condition rule ("oom" with "fsdp") only needs its skill not to
-# be all but ruled out (a "slow" NCCL question about which network interface to use).
-RULE_MIN_VOTE = {False: 0.02, True: 1e-9}
-# The tables' "ask one question first" or "out of scope" answer stands unless the examples give it
-# less than this probability and the phrases found something (a question worded like routable ones).
-# Naive Bayes posteriors are extreme, so "all but ruled out" is a very small number. Only "when it
-# outweighs" declines are overruled: a Keras question worded like a PyTorch one is still Keras.
-OVERRULE_BELOW = {"clarify": 1e-10, "out-of-scope": 1e-10}
-# ... and the examples alone ask first or decline when they hold the post for a clarify or an
-# out-of-scope one with this probability: a clarifying question only when the post names no
-# symptom outside its pasted code, a decline only when it pastes no PyTorch message.
-EXAMPLES_DECIDE = {"clarify": 0.99, "out-of-scope": 0.99}
-GENERIC_TOPIC = "Not PyTorch engineering"
+GENERIC_TOPIC = "Not machine learning"
 GENERIC_SAY = (
-    "The question reads like the questions the router declines (other tools, theory, learning, "
-    "hardware, general programming); this pack covers making PyTorch code work and run fast."
+    "The question names nothing about machine learning or PyTorch; this pack covers making "
+    "PyTorch code work and run fast."
 )
 MAX_QUERY_CHARS = 20_000  # longer input (a whole log) keeps its head and its tail, where errors are
 KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}
@@ -121,7 +102,7 @@ RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the
 # that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
 # PyTorch not named) a fifth; "always" (installs, PyTorch named or not) more, so that "pip install"
 # in passing does not decline a real PyTorch problem.
-OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
+OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4, "on sight": 0.0}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
 # A symptomless post that asks for help or lists its setup is vague unless one of its questions
 # names something routable on its own.
@@ -193,10 +174,6 @@ class RouteResult(BaseModel):
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
     )
-    votes: dict[str, float] = Field(
-        default_factory=dict,
-        description="probability the labelled examples give each skill, 'clarify' and 'out-of-scope'",
-    )
     summary: str
 
 
@@ -215,6 +192,7 @@ class _Evidence:
     ordered: list[str]  # the query's terms, in order
     symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
     pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
+    terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
 
 
 def _truncate(query: str) -> str:
@@ -285,36 +263,15 @@ class Router:
         self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
         self.shared_anchors = [t for t in (tuple(_words(s)) for s in table.shared_signs) if t]
         self.topics = [
-            (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
+            (topic, [(s, t) for s in topic.signs if not _is_pattern(s) and (t := tuple(_words(s)))])
+            for topic in table.out_of_scope
         ]
-        # word statistics of the "Labelled examples", the route phrases counting as short examples
-        self.example_model = (
-            ExampleModel.fit(
-                table.examples,
-                ((p.skill, list(p.terms)) for p in self.phrases),
-                self._example_features,
-                [*table.routes, *(v for v in EXAMPLE_VERDICTS if any(e.skill == v for e in table.examples))],
-            )
-            if table.examples
-            else None
-        )
-
-    def _example_features(self, text: str) -> set[str]:
-        """What the example model reads of a text: its terms and adjacent pairs, evidence lines only."""
-        return with_pairs(terms(self._drop_not_evidence(text)[0], self.synonyms))
-
-    def example_probabilities(self, query: str) -> dict[str, float]:
-        """P(label | the query's words) from the labelled examples, for each skill and for
-        "clarify" and "out-of-scope" when the examples have them ({} without examples)."""
-        return self._votes(self._example_features(_truncate(query or "")))
-
-    def _votes(self, features: set[str]) -> dict[str, float]:
-        return self.example_model.probabilities(features) if self.example_model is not None else {}
-
-    def _overruled(self, verdict: str, votes: dict[str, float], top: float) -> bool:
-        """Whether the examples overrule the tables' `verdict` ("clarify" or "out-of-scope"): they
-        hold examples of it, give it less than OVERRULE_BELOW[verdict], and the phrases found evidence."""
-        return verdict in votes and votes[verdict] < OVERRULE_BELOW[verdict] and top >= MIN_EVIDENCE
+        # "on sight" signs written /.../ are regular expressions on the raw post
+        self.patterns = {
+            topic.topic: [(sign, re.compile(sign[1:-1])) for sign in topic.signs if _is_pattern(sign)]
+            for topic in table.out_of_scope
+        }
+        self.ml_words = [t for t in (tuple(_words(w)) for w in table.ml_words) if t]
 
     @classmethod
     def from_pack(cls, pack: SkillPack) -> Router:
@@ -382,12 +339,14 @@ class Router:
         qset = set(ordered)
         negated = bool(NEGATED & qset) or _NEGATION.search(query) is not None
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
+        hit_terms: dict[str, set[str]] = {s: set() for s in self.table.routes}
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         for phrase in self.phrases:
             s, coverage = self._phrase_score(phrase, qset, ordered, negated)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
+                hit_terms[phrase.skill].update(t for t in phrase.terms if t in qset and not _NUMBER.match(t))
                 if (
                     phrase.kind in SYMPTOM_KINDS
                     and coverage >= SYMPTOM_COVERAGE
@@ -402,12 +361,12 @@ class Router:
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
             # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
-            term_score = TERM_WEIGHT * sum(
-                self.term_idf[t] for t in qset & self.vocab[skill] if not _NUMBER.match(t)
-            )
+            own = {t for t in qset & self.vocab[skill] if not _NUMBER.match(t)}
+            term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in own)
+            hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        return _Evidence(scores, evidence, ordered, symptom, pasted)
+        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms)
 
     def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
@@ -453,14 +412,6 @@ class Router:
                     best_q, best = case.question, score
         return best_q, best
 
-    def _combined(self, scores: dict[str, float], top: float, votes: dict[str, float]) -> dict[str, float]:
-        """Each skill's phrase score as a share of the top one, plus EXAMPLE_WEIGHT times the
-        labelled examples' probability of it (`votes`; the phrase shares alone without examples)."""
-        shares = {s: v / top if top > 0 else 0.0 for s, v in scores.items()}
-        if not votes:
-            return shares
-        return {s: round(shares[s] + EXAMPLE_WEIGHT * votes.get(s, 0.0), 4) for s in shares}
-
     # -- what counts as evidence ----------------------------------------------------------------
     def _drop_not_evidence(self, query: str) -> tuple[str, int]:
         """The query without the lines the "Not evidence" table names, and how many were dropped.
@@ -496,7 +447,7 @@ class Router:
         return any(words.near(sign) for sign in self.shared_anchors)
 
     def _out_of_scope(
-        self, words: _Positions, named: bool, top: float = 0.0, shared: bool = False
+        self, words: _Positions, named: bool, top: float = 0.0, shared: bool = False, raw: str = ""
     ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
         """The out-of-scope topic whose signs most exceed what it needs to decline (its "Declines"
         share of the best skill score `top`), its score and the signs seen. `named`: a PyTorch sign
@@ -510,6 +461,7 @@ class Router:
             if shared and topic.declines == "outweighs":
                 continue  # a shared name still names PyTorch for the "when it outweighs" topics
             seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
+            seen += [(text, ("",)) for text, pattern in self.patterns[topic.topic] if pattern.search(raw)]
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
             margin = score - OUTWEIGHS[topic.declines] * top
             if score > 0 and (margin, score) > (best_margin, best[1]):
@@ -583,138 +535,87 @@ class Router:
     def route(self, query: str) -> RouteResult:
         query, ignored = self._drop_not_evidence(_truncate(query or ""))
         found = self._evidence(query)
-        scores, evidence, ordered = found.scores, found.phrases, found.ordered
-        symptom = max(found.symptom.values(), default=0.0)
-        qset = set(ordered)
-        loose = _Positions(terms(query, self.synonyms, GLUE_WORDS))
+        scores, evidence = found.scores, found.phrases
+        qset = set(found.ordered)
         ranked = sorted(scores, key=lambda s: (-scores[s], s))
         top = scores[ranked[0]] if ranked else 0.0
         matched = {s: evidence[s] for s in ranked if evidence[s]}
+        answer = {"scores": scores, "evidence": matched, "ignored_lines": ignored}
 
+        # 1. decline: another framework's signs, or nothing about machine learning at all
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
-        topic, oos, signs = self._out_of_scope(words, named, top, shared=self._names_shared(words))
-        all_votes = self._votes(with_pairs(ordered))
-        if (
-            topic is not None
-            and oos >= OUTWEIGHS[topic.declines] * top
-            and not (topic.declines == "outweighs" and self._overruled("out-of-scope", all_votes, top))
-        ):
+        topic, oos, signs = self._out_of_scope(words, named, top, self._names_shared(words), query)
+        ask = self._vague_ask(_Positions(terms(query, self.synonyms, GLUE_WORDS)))
+        if topic is None and not named and ask is None and self._names_no_ml(words, found):
+            topic, oos, signs = OutOfScopeTopic(GENERIC_TOPIC, [], "outweighs", GENERIC_SAY, 0), 1.0, []
+        if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
                 skills=[],
                 out_of_scope=topic.topic,
                 reason=topic.say,
                 out_of_scope_signs=signs,
-                evidence=matched,
                 confidence=_decline_confidence(oos, OUTWEIGHS[topic.declines] * top),
-                scores=scores,
-                votes=_rounded(all_votes),
-                ignored_lines=ignored,
                 summary=f"Out of scope ({topic.topic}): {topic.say}",
+                **answer,
             )
 
-        if all_votes.get("out-of-scope", 0.0) >= EXAMPLES_DECIDE["out-of-scope"] and not found.pasted:
-            # the table's signs did not decline it; name the topic whose signs it shows, if any
-            near, _, near_signs = self._out_of_scope(words, False, 0.0)
-            topic_name, say = (near.topic, near.say) if near is not None else (GENERIC_TOPIC, GENERIC_SAY)
-            return RouteResult(
-                status="out_of_scope",
-                skills=[],
-                out_of_scope=topic_name,
-                reason=say,
-                out_of_scope_signs=near_signs,
-                evidence=matched,
-                confidence=round(0.5 * all_votes["out-of-scope"], 2),
-                scores=scores,
-                votes=_rounded(all_votes),
-                ignored_lines=ignored,
-                summary=f"Out of scope ({topic_name}): {say}",
-            )
-
-        question, vagueness = self._vague_question(qset, ordered)
-        ask = self._vague_ask(loose)
-        # pasted code says what the user works with, not what goes wrong: a symptom, a request
-        # for help and the examples' say on asking first are read in the rest of the post
+        # 2. ask first: no symptom (in the prose: pasted code is context) and no concrete question
         prose = _without_code(query)
-        if prose != query:
-            symptom = max(self._evidence(prose).symptom.values(), default=0.0)
-            prose_votes = self._votes(with_pairs(terms(prose, self.synonyms)))  # prose: evidence lines only
-        else:
-            prose_votes = all_votes
-        if (
+        symptom = max(self._evidence(prose).symptom.values() if prose != query else found.symptom.values())
+        question, vagueness = self._vague_question(qset, found.ordered)
+        if symptom < SYMPTOM_MIN and (
             top < MIN_EVIDENCE
-            or (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
-            or (
-                (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-                or (symptom < SYMPTOM_MIN and self._asks_for_help(prose, ask is not None))
-            )
-            and not self._overruled("clarify", prose_votes, top)
-            or (
-                symptom < SYMPTOM_MIN
-                and prose_votes.get("clarify", 0.0) >= EXAMPLES_DECIDE["clarify"]
-                and not self._asks_routable_question(prose, asked_clause=True)
-            )
+            or self._bare_topic(query, qset)
+            or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
+            or self._asks_for_help(prose, ask is not None)
+            or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
         ):
             return RouteResult(
                 status="clarify",
                 skills=[],
                 clarify=ask or question or DEFAULT_QUESTION,
-                evidence=matched,
                 confidence=0.0,
-                scores=scores,
-                votes=_rounded(all_votes),
-                ignored_lines=ignored,
                 summary="The post names no specific symptom; ask the question, then route on the answer.",
+                **answer,
             )
-        rule_terms = set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS))
-        rule = self._fired_rule(rule_terms, found)
-        # each skill's probability as is, not renormalized over the skills: when the examples hold
-        # the post for a clarify or out-of-scope one, the skills' crumbs must not decide the order
-        votes = {s: all_votes[s] for s in self.table.routes if s in all_votes}
-        mass = sum(votes.values())
-        relative = {s: v / mass for s, v in votes.items()} if mass > 0 else {}  # among the skills only
-        # a pasted message of a skill the rule reads next (an OOM in an FSDP job) outvotes the
-        # job's words in the examples, yet the rule is about exactly that message: it holds
-        if (
-            rule is not None
-            and relative
-            and relative.get(rule.first, 0.0) < RULE_MIN_VOTE[bool(rule.together_with)]
-            and not any(s in found.pasted for s in rule.then)
-        ):
-            rule = None
-        combined = self._combined(scores, top, votes)
-        ranked = sorted(combined, key=lambda s: (-combined[s], s))
-        order: list[str] = []
-        if rule is not None:
-            order = [rule.first, *[s for s in rule.then if s != rule.first]]
+
+        # 3. route: the highest phrase score first, unless a precedence rule says where the cause is
+        rule = self._fired_rule(set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS)), found)
+        order = [rule.first, *[s for s in rule.then if s != rule.first]] if rule is not None else []
         for skill in ranked:
-            # the first by the blend; the others, in its order, when their phrases alone would list them
-            listed = not order or scores[skill] >= FOLLOW_RATIO * top
-            if skill not in order and listed and len(order) < 3:
+            if skill not in order and (not order or scores[skill] >= FOLLOW_RATIO * top) and len(order) < 3:
                 order.append(skill)
         order = [s for s in order if s in self.table.routes]
         first = order[0]
-        second = max((combined[s] for s in ranked if s != first), default=0.0)
-        margin = max(0.0, (combined[first] - second) / max(combined[first], 1e-9))
-        strength = 1 - math.exp(-scores[first] / 4)
-        confidence = round(strength * (0.5 + 0.5 * margin), 2)
+        second = max((scores[s] for s in ranked if s != first), default=0.0)
+        margin = max(0.0, (scores[first] - second) / max(scores[first], 1e-9))
+        confidence = round((1 - math.exp(-scores[first] / 4)) * (0.5 + 0.5 * margin), 2)
         tools = self.table.routes[first].tools
         why = f" ({rule.why})" if rule is not None and rule.why else ""
         summary = f"Start with {first}{why}" + (f", then {', '.join(order[1:])}." if len(order) > 1 else ".")
         if tools:
             summary += f" Run {' / '.join(tools)} on the user's code first."
+        answer["evidence"] = {s: evidence[s] for s in order if evidence.get(s)}
         return RouteResult(
             status="routed",
             skills=order,
-            evidence={s: evidence[s] for s in order if evidence.get(s)},
             tools=tools,
             rule=f"{rule.source} table, line {rule.line}" if rule else None,
             confidence=confidence,
-            scores=scores,
-            votes=_rounded(all_votes),
-            ignored_lines=ignored,
             summary=summary,
+            **answer,
+        )
+
+    def _names_no_ml(self, words: _Positions, found: _Evidence) -> bool:
+        """Whether a post is about no machine learning at all ("What is the capital of France?"): it
+        shows none of the "ML words", matches no route phrase fully, and has words of its own."""
+        return (
+            len(set(found.ordered)) >= 2
+            and max(found.symptom.values(), default=0.0) == 0.0
+            and max(found.scores.values(), default=0.0) < 2 * MIN_EVIDENCE
+            and not any(words.near(w, gap=0) for w in self.ml_words)
         )
 
 
@@ -754,9 +655,9 @@ def _without_code(text: str) -> str:
     return text if len(kept) == len(lines) else "\n".join(kept)
 
 
-def _rounded(votes: dict[str, float]) -> dict[str, float]:
-    """Example votes for the result: 4 decimals (1e-20 and 0 read the same to a client)."""
-    return {k: round(v, 4) for k, v in sorted(votes.items(), key=lambda kv: -kv[1])}
+def _is_pattern(sign: str) -> bool:
+    """A sign written `/.../` is a regular expression on the raw post, not words."""
+    return len(sign) > 2 and sign.startswith("/") and sign.endswith("/")
 
 
 def _decline_confidence(signs: float, needed: float) -> float:
