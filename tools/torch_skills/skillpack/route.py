@@ -374,7 +374,7 @@ class Router:
         as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough)."""
         scores = found.scores
         top = max(scores.values(), default=0.0)
-        best: tuple[int, int, PrecedenceRule] | None = None
+        best: tuple[tuple[float, ...], PrecedenceRule] | None = None
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
@@ -393,10 +393,10 @@ class Router:
                 if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
                     continue
             specificity = 1 if second_terms else 0
-            key = (-specificity, index)
-            if best is None or key < best[:2]:
-                best = (*key, rule)
-        return best[2] if best else None
+            key = (-specificity, -scores.get(rule.first, 0.0), index)
+            if best is None or key < best[0]:
+                best = (key, rule)
+        return best[1] if best else None
 
     def _vague_question(self, qset: set[str], ordered: list[str]) -> tuple[str | None, float]:
         """(question of the closest vague phrasing, how much of the query that phrasing explains)."""
@@ -549,6 +549,11 @@ class Router:
         ask = self._vague_ask(_Positions(terms(query, self.synonyms, GLUE_WORDS)))
         if topic is None and not named and ask is None and self._names_no_ml(words, found):
             topic, oos, signs = OutOfScopeTopic(GENERIC_TOPIC, [], "outweighs", GENERIC_SAY, 0), 1.0, []
+        # a symptom is PyTorch engineering: "explain why my training is slow" is not a theory question
+        prose = _without_code(query)
+        symptom = max(self._evidence(prose).symptom.values() if prose != query else found.symptom.values())
+        if topic is not None and topic.declines == "outweighs" and symptom >= SYMPTOM_MIN:
+            topic = None
         if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
@@ -562,10 +567,9 @@ class Router:
             )
 
         # 2. ask first: no symptom (in the prose: pasted code is context) and no concrete question
-        prose = _without_code(query)
-        symptom = max(self._evidence(prose).symptom.values() if prose != query else found.symptom.values())
         question, vagueness = self._vague_question(qset, found.ordered)
-        if symptom < SYMPTOM_MIN and (
+        concrete = symptom >= SYMPTOM_MIN or self._names_api(prose, found.terms[ranked[0]])
+        if not concrete and (
             top < MIN_EVIDENCE
             or self._bare_topic(query, qset)
             or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
@@ -607,6 +611,15 @@ class Router:
             summary=summary,
             **answer,
         )
+
+    def _names_api(self, text: str, evidence: set[str]) -> bool:
+        """Whether `text` names an API the skill's evidence holds: an identifier written as code
+        (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`) one of whose parts is an evidence term."""
+        for tok in tokens(text):
+            if ("." in tok or "_" in tok) and not _NUMBER.match(tok) and "/" not in tok:
+                if set(terms(tok, self.synonyms)) & evidence:
+                    return True
+        return False
 
     def _names_no_ml(self, words: _Positions, found: _Evidence) -> bool:
         """Whether a post is about no machine learning at all ("What is the capital of France?"): it

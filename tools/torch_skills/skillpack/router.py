@@ -146,6 +146,7 @@ class RouterTable:
         return names
 
 
+_CELL_BAR = re.compile(r"(?<!\\)\|")
 _HEADING = re.compile(r"^(#{2,3})\s+(.*?)\s*$")
 _LABEL = re.compile(r"^\*\*([A-Za-z ]+?):?\*\*:?\s*(.*)$")
 _TOOL = re.compile(r"`([a-z_]+)`")
@@ -181,7 +182,8 @@ def _table_rows(lines: list[Line]) -> list[tuple[str, int, list[str]]]:
         if not stripped.startswith("|"):
             in_table = False
             continue
-        cells = [c.strip() for c in stripped.strip("|").split("|")]
+        # a cell may hold "|" escaped as "\\|" (a regular-expression sign), as Markdown tables allow
+        cells = [c.strip().replace("\\|", "|") for c in _CELL_BAR.split(stripped.strip("|"))]
         if not in_table:
             in_table = True  # the header row
             continue
