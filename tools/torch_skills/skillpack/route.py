@@ -615,11 +615,10 @@ class Router:
     def _names_api(self, text: str, evidence: set[str]) -> bool:
         """Whether `text` names an API the skill's evidence holds: an identifier written as code
         (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`) one of whose parts is an evidence term."""
-        for tok in tokens(text):
-            if ("." in tok or "_" in tok) and not _NUMBER.match(tok) and "/" not in tok:
-                if set(terms(tok, self.synonyms)) & evidence:
-                    return True
-        return False
+        return any(
+            ("." in tok or "_" in tok) and not _NUMBER.match(tok) and set(terms(tok, self.synonyms)) & evidence
+            for tok in tokens(text)
+        )
 
     def _names_no_ml(self, words: _Positions, found: _Evidence) -> bool:
         """Whether a post is about no machine learning at all ("What is the capital of France?"): it
