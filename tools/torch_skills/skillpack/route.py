@@ -616,7 +616,10 @@ class Router:
         """Whether `text` names an API the skill's evidence holds: an identifier written as code
         (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`) one of whose parts is an evidence term."""
         return any(
-            ("." in tok or "_" in tok) and not _NUMBER.match(tok) and set(terms(tok, self.synonyms)) & evidence
+            ("." in tok or "_" in tok)
+            and "/" not in tok
+            and not _NUMBER.match(tok)
+            and set(terms(tok, self.synonyms)) & evidence
             for tok in tokens(text)
         )
 
