@@ -41,7 +41,9 @@ def test_the_router_skill_md_is_at_most_5000_tokens_and_opens_with_its_table():
 def test_no_skill_ships_or_links_machine_written_routing_examples():
     """The tool's labelled questions are not in skills/ and no skill file points at them."""
     assert not list(DEFAULT_SKILLS_DIR.rglob("routing-examples*"))
-    linked = [p for p in DEFAULT_SKILLS_DIR.rglob("*.md") if "routing-examples" in p.read_text(encoding="utf-8")]
+    linked = [
+        p for p in DEFAULT_SKILLS_DIR.rglob("*.md") if "routing-examples" in p.read_text(encoding="utf-8")
+    ]
     assert not linked, linked
 
 

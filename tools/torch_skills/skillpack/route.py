@@ -111,7 +111,7 @@ MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hol
 BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, names a topic, not a problem
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
-_SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
+_SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Za-z])|\n+")
 # the clauses of a sentence: what the last one asks is the question ("torch 2.5, any known issues?")
 _CLAUSE = re.compile(r"[,;:]\s+|\.+\s+|\s+[-\u2013\u2014]+\s+|\)\s+")
 _ASKING = frozenset(
@@ -193,6 +193,7 @@ class _Evidence:
     symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
     pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
     terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
+    whole: set[str]  # skills with a phrase (nearly) all there, at SYMPTOM_COVERAGE
 
 
 def _truncate(query: str) -> str:
@@ -340,6 +341,7 @@ class Router:
         negated = bool(NEGATED & qset) or _NEGATION.search(query) is not None
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
         hit_terms: dict[str, set[str]] = {s: set() for s in self.table.routes}
+        whole: set[str] = set()
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         for phrase in self.phrases:
@@ -347,6 +349,8 @@ class Router:
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
                 hit_terms[phrase.skill].update(t for t in phrase.terms if t in qset and not _NUMBER.match(t))
+                if coverage >= SYMPTOM_COVERAGE:
+                    whole.add(phrase.skill)
                 if (
                     phrase.kind in SYMPTOM_KINDS
                     and coverage >= SYMPTOM_COVERAGE
@@ -366,7 +370,7 @@ class Router:
             hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms)
+        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole)
 
     def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
@@ -533,7 +537,8 @@ class Router:
 
     # -- the answer -----------------------------------------------------------------------------
     def route(self, query: str) -> RouteResult:
-        query, ignored = self._drop_not_evidence(_truncate(query or ""))
+        posted = _truncate(query or "")
+        query, ignored = self._drop_not_evidence(posted)
         found = self._evidence(query)
         scores, evidence = found.scores, found.phrases
         qset = set(found.ordered)
@@ -547,7 +552,7 @@ class Router:
         named = self._names_pytorch(words) or bool(found.pasted)
         topic, oos, signs = self._out_of_scope(words, named, top, self._names_shared(words), query)
         ask = self._vague_ask(_Positions(terms(query, self.synonyms, GLUE_WORDS)))
-        if topic is None and not named and ask is None and self._names_no_ml(words, found):
+        if topic is None and not named and ask is None and self._names_no_ml(posted, found):
             topic, oos, signs = OutOfScopeTopic(GENERIC_TOPIC, [], "outweighs", GENERIC_SAY, 0), 1.0, []
         # a symptom is PyTorch engineering: "explain why my training is slow" is not a theory question
         prose = _without_code(query)
@@ -569,12 +574,15 @@ class Router:
         # 2. ask first: no symptom (in the prose: pasted code is context) and no concrete question
         question, vagueness = self._vague_question(qset, found.ordered)
         concrete = symptom >= SYMPTOM_MIN or self._names_api(prose, found.terms[ranked[0]])
-        if not concrete and (
-            top < MIN_EVIDENCE
-            or self._bare_topic(query, qset)
-            or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
-            or self._asks_for_help(prose, ask is not None)
-            or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
+        if (
+            (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
+            or not concrete
+            and (
+                top < MIN_EVIDENCE
+                or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
+                or self._asks_for_help(prose, ask is not None)
+                or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
+            )
         ):
             return RouteResult(
                 status="clarify",
@@ -623,14 +631,18 @@ class Router:
             for tok in tokens(text)
         )
 
-    def _names_no_ml(self, words: _Positions, found: _Evidence) -> bool:
+    def _names_no_ml(self, posted: str, found: _Evidence) -> bool:
         """Whether a post is about no machine learning at all ("What is the capital of France?"): it
-        shows none of the "ML words", matches no route phrase fully, and has words of its own."""
+        is English (glue words), names no code identifier, shows none of the "ML words" and matches
+        no route phrase fully."""
+        words = _Positions(_words(posted))
         return (
             len(set(found.ordered)) >= 2
+            and len(set(tokens(posted.lower())) & GLUE_WORDS) >= 2  # English: other languages get the question
             and max(found.symptom.values(), default=0.0) == 0.0
-            and max(found.scores.values(), default=0.0) < 2 * MIN_EVIDENCE
-            and not any(words.near(w, gap=0) for w in self.ml_words)
+            and not found.whole
+            and not any(words.near(w, gap=0) for w in (*self.ml_words, *self.anchors))  # the whole post
+            and not any("." in t or "_" in t for t in tokens(posted) if not _NUMBER.match(t))  # code names
         )
 
 
