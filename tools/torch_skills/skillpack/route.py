@@ -465,7 +465,8 @@ class Router:
             if shared and topic.declines == "outweighs":
                 continue  # a shared name still names PyTorch for the "when it outweighs" topics
             seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
-            seen += [(text, ("",)) for text, pattern in self.patterns[topic.topic] if pattern.search(raw)]
+            # a pattern sign is reported as the text it matched ("model.add(", "249/249 [=====] - ")
+            seen += [(m.group(0)[:40], ("",)) for _, p in self.patterns[topic.topic] if (m := p.search(raw))]
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
             margin = score - OUTWEIGHS[topic.declines] * top
             if score > 0 and (margin, score) > (best_margin, best[1]):
