@@ -3,59 +3,36 @@
 Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult` with `status`
 ("routed", "clarify" or "out_of_scope"), `skills` (reading order), `clarify` (one question when
 the post names no symptom), `reason` (why it is out of scope), `evidence` (the router phrases each
-skill matched), `tools` and `confidence`. Everything it knows comes from the router skill,
-skills/using-pytorch-engineering/ (SKILL.md, references/routing-terms.md and
-references/routing-examples.md; see `router.py` for the structure), so editing those files changes routing; nothing about PyTorch is hard-coded here.
+skill matched), `scores`, `tools` and `confidence`. Everything it knows comes from the router
+skill, skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.md; see
+`router.py` for the structure): edit those files to change routing; nothing about PyTorch is
+hard-coded here.
 
-How it decides, deterministically:
-1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
-   dropped, with a whole drawn table (`nvidia-smi`) when one of its lines is, and HTML comments;
-   the rest is normalized (synonyms from "Words users use", light stemming, stop words).
-2. Each skill's phrases are matched by coverage: the idf-weighted share of a phrase's terms
-   present in the query (a phrase counts from 50% coverage; error messages also match in order).
-   A skill's score is the sum of its best phrase scores, with diminishing weight, plus its single
-   terms (bare numbers are context, not terms). A short phrase with a negation ("not learning")
-   needs a negation or a failure verb in the query: otherwise it would match its opposite.
-3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
-   outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
-   and the topic does not hold even then. The topic chosen is the one with the widest margin over
-   what it needs; a "Shared API name" (nn.Module) names PyTorch for an "unless PyTorch is named"
-   topic only when none of its signs is there (Flax has an nn.Module too).
-4. With no evidence, or a post that names no symptom (only context: versions, hardware,
-   hyper-parameters, topic keywords) and says one of the "Ask one question first" phrasings,
-   asks for help or review ("Help words", "Review words") or lists its setup ("Setup words" next
-   to numbers) while none of its question sentences names anything routable on its own, it asks.
-   A phrase names a symptom only through a word that is not a topic term (a keyword of any
-   skill, a setup or topic word): "Setup DDP for 8 GPUs" names a topic, "training hangs with
-   several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
-   names something routable only with a symptom. A post of a few words that are all topic terms
-   ("torch.compile", "DDP") names no problem either.
-5. The labelled examples (references/routing-examples.md, `examples.ExampleModel`) vote: each
-   skill's rank is its phrase score as a share of the top one plus the examples' probability
-   of it (EXAMPLE_WEIGHT), so a symptom in words no phrase has still routes like the questions
-   that share its words. They also overrule a clarifying question or a "when it outweighs"
-   decline that they all but rule out (OVERRULE_BELOW), and decide alone when nearly sure
-   (EXAMPLES_DECIDE): a decline unless a PyTorch message is pasted, a clarifying question only
-   when the prose (pasted code is context, `_without_code`) names no symptom and no question
-   names anything routable in the clause that asks: "torch.compile misbehaves on 2.6, any known
-   issues?" asks nothing of torch.compile. A question that is only one of the "Ask one question
-   first" phrasings ("How can I optimize my model?") names nothing either.
-6. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
-   rule needs its first skill to have evidence of its own and not to be all but ruled out by the
-   examples, and words inside file paths do not trigger rules, nor do the words of another
-   skill's pasted message (unless the rule reads that skill next: a pasted OOM in an FSDP job
-   fires the OOM-with-FSDP rule).
+How it decides (deterministic; the phrase scores are the only ranking):
+0. Read: drop the "Not evidence" lines (a `collect_env` dump, issue-template headings, a drawn
+   `nvidia-smi` table); apply "Words users use"; stem. Score each skill: the idf-weighted share
+   of each of its phrases found in the post (from 50%), best phrases first with diminishing
+   weight, plus its single terms. A *symptom* is a symptom, error or example phrase found (80%)
+   through a word that is not a topic term (keywords, setup and topic words).
+1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a Keras
+   progress bar, `ttnn`, an import line), when an "Out of scope" topic's signs outweigh the
+   skills' evidence as its row says (a post that names PyTorch keeps the `unless` topics; one
+   that names a symptom keeps the `when it outweighs` ones: "explain why training is slow" is
+   profiling), or when an English post shows no ML word, no code name and no whole phrase.
+2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
+   symptom and no API (a code name, `torch.gather`, one of whose parts is evidence) and: has no
+   evidence, or its evidence is one term ("checkpoint", "pretrained"), or it says a vague phrasing,
+   a help word or a setup list while none of its questions names anything routable.
+3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" or
+   "Common routing mistakes" row fires (its terms outside file paths and other skills' pasted
+   messages; its first skill with its own evidence; the most specific row, then the one whose
+   first skill scores highest); then the skills scoring FOLLOW_RATIO of the top, three at most.
 
-Known limitations: bag-of-words matching and statistics: a symptom described in words neither
-the phrases nor the examples use (and no synonym maps) is not recognized; a detailed post that
-names no symptom but asks "any ideas?" about a topic is still routed when the examples are not
-nearly sure it is a vague one;
-non-English text gets the clarifying question; a
-question about another framework that never names it (nor any sign the table lists) is routed
-as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
-keyword whose parts are common words makes those words topic terms, so keywords avoid compounds
-such as 'broadcast_object_list'. A report with no matched phrase and no question (a bare
-version printout) is still routed on single terms.
+Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
+recognized, and a post that only names a topic plus a code name is routed on that topic. Only
+English is read: other languages get the clarifying question. A question about another
+framework that shows none of its signs is routed as if it were PyTorch. Truncation stemming
+conflates some words ('parametrize'/'parameter').
 """
 
 from __future__ import annotations
