@@ -171,6 +171,7 @@ class _Evidence:
     pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
     terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
     whole: set[str]  # skills with a phrase (nearly) all there, at SYMPTOM_COVERAGE
+    around_pasted: set[str]  # loose terms on the lines of pasted messages, not the messages' own
 
 
 def _truncate(query: str) -> str:
@@ -321,6 +322,7 @@ class Router:
         whole: set[str] = set()
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
+        around: set[str] = set()
         for phrase in self.phrases:
             s, coverage = self._phrase_score(phrase, qset, ordered, negated)
             if s > 0:
@@ -336,6 +338,7 @@ class Router:
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
+                    around |= self._line_terms(query, phrase)
         scores, evidence = {}, {}
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
@@ -347,7 +350,18 @@ class Router:
             hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole)
+        around -= set().union(*pasted.values())
+        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole, around)
+
+    def _line_terms(self, query: str, phrase: _Phrase) -> set[str]:
+        """The loose terms of the lines that hold `phrase` word for word (a pasted message's line)."""
+        found: set[str] = set()
+        for line in query.splitlines():
+            if set(phrase.terms) <= set(line_terms := terms(line, self.synonyms)) and _in_order(
+                phrase.terms, line_terms
+            ):
+                found |= set(terms(line, self.synonyms, GLUE_WORDS))
+        return found
 
     def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
@@ -360,10 +374,11 @@ class Router:
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
             # words of another skill's pasted message are that message's, unless the rule names that
-            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is about)
+            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is
+            # about); the other words on a pasted message's line are the message's too
             own_skills = {rule.first, *rule.then}
             pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
-            terms_here = qset - pasted
+            terms_here = qset - pasted - found.around_pasted
             if not any(set(t) <= terms_here for t in first_terms):
                 continue
             if second_terms and not any(set(t) <= terms_here for t in second_terms):
