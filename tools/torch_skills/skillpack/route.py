@@ -21,8 +21,9 @@ How it decides (deterministic; the phrase scores are the only ranking):
    profiling), or when an English post shows no ML word, no code name and no whole phrase.
 2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
    symptom and no API (a code name, `torch.gather`, one of whose parts is evidence) and: has no
-   evidence, or its evidence is one term ("checkpoint", "pretrained"), or it says a vague phrasing,
-   a help word or a setup list while none of its questions names anything routable.
+   evidence, or its evidence is one term ("checkpoint", "pretrained") or single words with no
+   phrase, or it says a vague phrasing, a help word or a setup list while none of its questions
+   names anything routable.
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" or
    "Common routing mistakes" row fires (its terms outside file paths and other skills' pasted
    messages; its first skill with its own evidence; the most specific row, then the one whose
@@ -573,6 +574,7 @@ class Router:
             and (
                 top < MIN_EVIDENCE
                 or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
+            or not evidence[ranked[0]]  # single words, no phrase
                 or self._asks_for_help(prose, ask is not None)
                 or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
             )
