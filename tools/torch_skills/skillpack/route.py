@@ -97,6 +97,8 @@ _ASKING = frozenset(
 )
 # who a question addresses or points at ("can you", "fix it"): no topic of its own
 _ADDRESSED = frozenset("i me my you your it this that we our someone somebody please".split())
+# words of a question that points back at the sentence before it ("How can I do that?")
+_PRONOUN_ASK = frozenset("do done that this way easy easily possible there any".split())
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 _HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 NEGATED = frozenset({"not", "no"})  # a phrase with one of these needs a negation in the query
@@ -492,10 +494,16 @@ class Router:
         """Whether one of the question sentences of `text` names something routable on its own;
         with `asked_clause`, only the clause that asks counts, the last one of its sentence: in
         "torch.compile doesn't work on 2.5, any known issues?" the question names nothing."""
-        questions = [s for s in _SENTENCE.split(text) if _is_question(s)][:MAX_QUESTIONS]
-        if asked_clause:
-            questions = [_clauses(q)[-1] for q in questions]
-        return any(self._names_routable(q) for q in questions)
+        sentences = [s for s in _SENTENCE.split(text) if s.strip()]
+        questions = []
+        for i, sentence in enumerate(sentences):
+            if not _is_question(sentence):
+                continue
+            ask = _clauses(sentence)[-1] if asked_clause else sentence
+            if i and not set(terms(ask, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED - _PRONOUN_ASK:
+                ask = sentences[i - 1] + " " + ask  # "How can I do that?" asks about the sentence before
+            questions.append(ask)
+        return any(self._names_routable(q) for q in questions[:MAX_QUESTIONS])
 
     def _names_routable(self, question: str) -> bool:
         """Whether one question sentence names something routable on its own. A question that asks
