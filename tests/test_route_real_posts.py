@@ -215,3 +215,12 @@ def test_the_distributed_row_runs_check_distributed_first(router: Router):
     result = router.route("DDP training hangs at the first all_reduce on 2 nodes")
     assert result.skills[0] == "distributed-training-strategies"
     assert result.tools[0] == "check_distributed"
+
+
+def test_a_question_that_points_back_asks_about_the_sentence_before_it(router: Router):
+    """ "How can I do that?" after a stated goal asks about that goal: routed, not asked about."""
+    query = (
+        "I have a tiny dataset and want to train only the last layer, with every other layer frozen. "
+        "How can I do that? Any help is appreciated."
+    )
+    assert _first(router, query) == "module-design-patterns"
