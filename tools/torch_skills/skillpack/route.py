@@ -582,7 +582,7 @@ class Router:
             and (
                 top < MIN_EVIDENCE
                 or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
-            or not evidence[ranked[0]]  # single words, no phrase
+                or not evidence[ranked[0]]  # single words, no phrase
                 or self._asks_for_help(prose, ask is not None)
                 or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
             )
@@ -641,7 +641,8 @@ class Router:
         words = _Positions(_words(posted))
         return (
             len(set(found.ordered)) >= 2
-            and len(set(tokens(posted.lower())) & GLUE_WORDS) >= 2  # English: other languages get the question
+            and len(set(tokens(posted.lower())) & GLUE_WORDS)
+            >= 2  # English: other languages get the question
             and max(found.symptom.values(), default=0.0) == 0.0
             and not found.whole
             and not any(words.near(w, gap=0) for w in (*self.ml_words, *self.anchors))  # the whole post
