@@ -25,10 +25,13 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
 - blind10.yaml ... blind27.yaml: outside writers who never saw the repository; see
   evals/routing/README.md for each set's first, untuned figures.
 
-The router learns from labelled examples (references/routing-examples.md in the router skill),
-copied from these sets (each marked `from=<set>`) and from training questions written for it.
-Each set is therefore scored by the shipped router minus that set's examples: a set never grades
-a router that learned its questions. Measure the next change on a new set written by someone else.
+- real_dev.yaml, real_test.yaml (issue 24): posts real users wrote (GitHub issues, forum threads;
+  each item keeps its `source` address), labelled blind and split by source. The router is tuned
+  on real_dev only; real_test was scored once, with the router frozen. They are the target; the
+  machine-written sets above are regression tests.
+
+Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
+Measure the next change on a new set written by someone else.
 """
 
 from __future__ import annotations
@@ -52,21 +55,8 @@ SAMPLE_SET = Path(__file__).with_name("routing") / "blind9.yaml"
 
 @cache
 def _shipped_router() -> Router:
-    """The router the server ships: the router skill's tables and every labelled example."""
+    """The router the server ships: the router skill's tables."""
     return Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
-
-
-@cache
-def _router_that_never_saw(set_name: str) -> Router:
-    """The shipped router without the labelled examples taken from `set_name` (`from=<set>`)."""
-    return Router(_shipped_router().table.without_sources({set_name}))
-
-
-def _key(text: str) -> str:
-    """A question as its copy in references/routing-examples.md keeps it: fence lines dropped,
-    whitespace folded, and (long pastes are cut in the middle there) its first 600 characters."""
-    lines = [line for line in str(text).splitlines() if not line.strip().startswith(("```", "~~~"))]
-    return " ".join(" ".join(lines).split())[:600]
 
 
 def _answer(status: str, skills: list[str]) -> str:
@@ -75,11 +65,10 @@ def _answer(status: str, skills: list[str]) -> str:
 
 @pytest.mark.parametrize("path", SETS, ids=lambda p: p.stem)
 def test_routing_does_not_regress_on_the_query_set(path: Path):
-    """Every query routed right at the baseline still is; the score goes into the table. Each set
-    is routed by the shipped router minus the labelled examples copied from that set, so a set
-    never grades a router that learned its questions."""
+    """Every query routed right at the baseline still is, and no more routable queries are declined
+    than at the baseline (the worst miss); the score goes into the table."""
     items = yaml.safe_load(path.read_text())
-    router = _router_that_never_saw(path.stem)
+    router = _shipped_router()
     score = scoring.RoutingScore(path.stem)
     misses: list[str] = []
     for item in items:
@@ -101,7 +90,12 @@ def test_routing_does_not_regress_on_the_query_set(path: Path):
         baseline.save_section(
             "routing",
             path.stem,
-            {"correct": score.correct, "total": score.total, "known_misses": sorted(misses)},
+            {
+                "correct": score.correct,
+                "total": score.total,
+                "routable_declined": score.routable_declined,
+                "known_misses": sorted(misses),
+            },
         )
         return
     known = baseline.load()["routing"].get(path.stem)
@@ -114,28 +108,9 @@ def test_routing_does_not_regress_on_the_query_set(path: Path):
     assert score.correct >= known["correct"], (
         f"{score.correct}/{score.total} right, baseline {known['correct']}"
     )
-
-
-def test_examples_copied_from_a_set_are_in_it_with_its_label():
-    """An example says `from=<set>`: its skill is the set's label for that question (a label fixed
-    in the set must be fixed in references/routing-examples.md too)."""
-    label = {"clarify": "clarify", "decline": "out-of-scope"}
-    expected = {
-        (path.stem, _key(item["query"])): label.get(item["expect"], item["expect"])
-        for path in SETS
-        for item in yaml.safe_load(path.read_text())
-    }
-    sets = {path.stem for path in SETS}
-    wrong = []
-    for e in _shipped_router().table.examples:
-        if e.source not in sets:
-            continue  # written as training questions, not copied from an eval set
-        want = expected.get((e.source, _key(e.text)))
-        if want is None:
-            wrong.append(f"line {e.line}: {e.text[:60]!r} says from={e.source}, which has no such question")
-        elif want != e.skill:
-            wrong.append(f"line {e.line}: {e.text[:60]!r} is under {e.skill}, {e.source} says {want}")
-    assert not wrong, "\n".join(wrong)
+    assert score.routable_declined <= known.get("routable_declined", 0), (
+        f"{score.routable_declined} routable queries declined, baseline {known.get('routable_declined', 0)}"
+    )
 
 
 async def test_the_route_tool_answers_as_the_shipped_router(client: Client):

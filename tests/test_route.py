@@ -498,15 +498,14 @@ def test_the_same_code_with_a_symptom_in_words_is_routed(router: Router):
 @pytest.mark.parametrize(
     "query",
     [
-        "torch.compile misbehaves on our ViT since the upgrade, torch 2.6.0, python 3.12, single 4090, "
-        "anyone else seen this?",
+        "our ViT misbehaves since the upgrade, torch 2.6.0, python 3.12, single 4090, anyone else seen this?",
         "our FSDP run on 16 H100s is not the same since we switched from deepspeed, llama 7B, bf16, "
         "same lr. any known issues?",
     ],
 )
 def test_a_detailed_post_whose_question_clause_names_nothing_gets_the_question(router: Router, query: str):
-    """The examples hold these for clarify ones; the sentence names a topic, but the clause that asks
-    ("any known issues?") names nothing, so the question does not make the post routable."""
+    """The sentence names a topic or setup, but the clause that asks ("any known issues?") names
+    nothing, so the question does not make the post routable."""
     result = router.route(query)
     assert result.status == "clarify", result.summary
 

@@ -7,7 +7,7 @@ import pytest
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, SkillPack
 from torch_skills.skillpack.router import RouterFormatError, load_router_table, parse_router
 
-TOOLS = {"check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"}
+TOOLS = {"check_distributed", "check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_specialist_has_a_route_section_with_phrases_of_every_kind(table):
 
 
 def test_the_tools_the_router_names_are_the_servers_diagnostic_tools(table):
-    """A **Tool:** line names only tools the server has; the four diagnostics are each named."""
+    """The "Run first" cells name only the diagnostic tools, each of them at least once."""
     named = {tool for section in table.routes.values() for tool in section.tools}
     assert named == TOOLS
 
@@ -73,10 +73,12 @@ def test_the_skill_md_body_alone_gives_each_specialist_its_tools():
 
 
 def test_the_term_lists_live_in_the_reference_and_not_in_the_skill_body():
-    """The long term lists stay out of SKILL.md so they do not bury the rules a reader needs."""
+    """The tool's word lists (routes, synonyms, vague phrasings, decline signs) stay out of SKILL.md
+    so they do not bury the tables a reader needs."""
     body = SkillPack.load(DEFAULT_SKILLS_DIR).get(ROUTER_NAME).body
-    assert "## Routes" not in body and "## Words users use" not in body
-    assert body.index("## Start here") < body.index("## Precedence") < body.index("## Out of scope")
+    for section in ("## Routes", "## Words users use", "## Ask one question first", "## Out of scope"):
+        assert section not in body
+    assert body.index("## Start here") < body.index("## Precedence") < body.index("## When to decline")
     assert "references/routing-terms.md" in body
 
 
@@ -96,7 +98,7 @@ def test_out_of_scope_and_not_evidence_tables_are_read(table):
 
 
 def test_an_out_of_scope_row_without_a_declines_value_names_its_line():
-    """The Declines cell must say unless / outweighs / always."""
+    """The Declines cell must say unless / outweighs / always / on sight."""
     text = (
         MINIMAL
         + "## Out of scope\n\n| Topic | Signs | Declines | Say |\n|---|---|---|---|\n| JAX | jax | sometimes | no |\n"

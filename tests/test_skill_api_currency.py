@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 
 from torch_skills.skillpack.codeblocks import python_blocks
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME
-from torch_skills.skillpack.router import EXAMPLES_REFERENCE
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 
-# the router's labelled examples quote users, deprecated calls included: they teach nothing
-MARKDOWN = [
-    p
-    for p in sorted(DEFAULT_SKILLS_DIR.rglob("*.md"))
-    if p != DEFAULT_SKILLS_DIR / ROUTER_NAME / EXAMPLES_REFERENCE
-]
+MARKDOWN = sorted(DEFAULT_SKILLS_DIR.rglob("*.md"))
 BLOCKS = python_blocks([DEFAULT_SKILLS_DIR])
 
 # In code: never acceptable, whatever the prose around it says.
@@ -87,17 +81,3 @@ def test_prose_mentions_deprecated_apis_only_to_warn_against_them(path: Path):
                 assert PROSE_WARNING.search(sentence), (
                     f"{path}:{number} mentions {pattern} without warning against it"
                 )
-
-
-def test_router_examples_name_a_deprecated_api_only_where_it_is_called_deprecated():
-    """The labelled examples quote users inside fences (which the prose check skips); a question
-    naming torch.cuda.amp or torch.distributed.launch stays only where it (or PyTorch's own warning
-    pasted in it) says the API is deprecated, on the same line."""
-    lines = (DEFAULT_SKILLS_DIR / ROUTER_NAME / EXAMPLES_REFERENCE).read_text(encoding="utf-8").splitlines()
-    stale = [
-        f"line {number}: {line[:80]}"
-        for number, line in enumerate(lines, start=1)
-        if re.search(r"torch\.cuda\.amp|torch\.distributed\.launch", line)
-        and not re.search(r"deprecat", line, re.I)
-    ]
-    assert not stale, stale

@@ -15,11 +15,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from torch_skills.skillpack.codeblocks import python_blocks
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME
-from torch_skills.skillpack.router import EXAMPLES_REFERENCE
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 
 SKILLS = Path(DEFAULT_SKILLS_DIR)
-USERS_WORDS = SKILLS / ROUTER_NAME / EXAMPLES_REFERENCE  # questions as users asked them, not claims
 _CPU_WHEEL = pytest.mark.skipif(
     torch.version.cuda is not None or torch.version.hip is not None,
     reason="states what a CPU-only wheel shows",
@@ -27,8 +25,8 @@ _CPU_WHEEL = pytest.mark.skipif(
 
 
 def _pack_text_files() -> list[Path]:
-    """Every Markdown file whose text is the pack's own (all but the router's labelled examples)."""
-    return [p for p in sorted(SKILLS.rglob("*.md")) if p != USERS_WORDS]
+    """Every Markdown file of the pack."""
+    return sorted(SKILLS.rglob("*.md"))
 
 
 # -- checkpointing: RNG states and map_location -------------------------------------------------

@@ -48,6 +48,7 @@ from torch_skills.skillpack.loader import (
     UnknownSkill,
     mime_type_for,
 )
+from torch_skills.skillpack.pages import continuation_note, text_page
 from torch_skills.skillpack.route import Router, RouteResult
 from torch_skills.skillpack.router import RouterFormatError, parse_router
 from torch_skills.skills_extension import DeclareSkillsOnHandshake, SkillsExtension
@@ -111,7 +112,12 @@ class SkillText(BaseModel):
     name: str
     path: str
     uri: str
-    text: str
+    text: str = Field(description="the file's text from `offset`, at most one page (about 20,000 tokens)")
+    offset: int = Field(default=0, description="the character this page starts at")
+    next_offset: int | None = Field(
+        default=None, description="call again with this offset for the next page; null on the last page"
+    )
+    total_chars: int = Field(default=0, description="the whole file's length in characters")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -316,9 +322,13 @@ def _register_skill_resources(mcp: MCPServer, pack: SkillPack) -> None:
                 except (SkillPathError, UnknownSkill) as e:  # the file went away since start-up
                     raise ResourceNotFoundError(str(e)) from None
                 try:
-                    return data.decode("utf-8")
+                    text = data.decode("utf-8")
                 except UnicodeDecodeError:
                     return data
+                page = text_page(text)  # a long file: its first page and where the rest is
+                return (
+                    page.text if page.next_offset is None else page.text + continuation_note(name, path, page)
+                )
 
             mcp.add_resource(
                 FunctionResource(
@@ -355,12 +365,27 @@ def _register_skill_tools(mcp: MCPServer, pack: SkillPack) -> None:
         path: Annotated[
             str, Field(description="file inside the skill, e.g. 'references/nan-search.md'")
         ] = "SKILL.md",
+        offset: Annotated[
+            int, Field(ge=0, description="character to start at: the `next_offset` of the previous page")
+        ] = 0,
     ) -> SkillText:
-        """Read one file of a skill (its SKILL.md by default, or a file under references/)."""
+        """Read one file of a skill (its SKILL.md by default, or a file under references/), one page
+        of about 20,000 tokens at a time: when `next_offset` is set, call again with it for the rest."""
         with anticipated_errors():
             data = pack.read(name, path)
+        text = data.decode("utf-8", "replace")
+        try:
+            page = text_page(text, offset)
+        except ValueError as e:
+            raise ToolError(f"{e}: pass offset=0 or the next_offset of the previous page") from None
         return SkillText(
-            name=name, path=path, uri=pack.get(name).uri(path), text=data.decode("utf-8", "replace")
+            name=name,
+            path=path,
+            uri=pack.get(name).uri(path),
+            text=page.text,
+            offset=page.offset,
+            next_offset=page.next_offset,
+            total_chars=page.total_chars,
         )
 
 

@@ -3,59 +3,37 @@
 Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult` with `status`
 ("routed", "clarify" or "out_of_scope"), `skills` (reading order), `clarify` (one question when
 the post names no symptom), `reason` (why it is out of scope), `evidence` (the router phrases each
-skill matched), `tools` and `confidence`. Everything it knows comes from the router skill,
-skills/using-pytorch-engineering/ (SKILL.md, references/routing-terms.md and
-references/routing-examples.md; see `router.py` for the structure), so editing those files changes routing; nothing about PyTorch is hard-coded here.
+skill matched), `scores`, `tools` and `confidence`. Everything it knows comes from the router
+skill, skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.md; see
+`router.py` for the structure): edit those files to change routing; nothing about PyTorch is
+hard-coded here.
 
-How it decides, deterministically:
-1. Lines the "Not evidence" table names (a `collect_env` dump, issue-template headings) are
-   dropped, with a whole drawn table (`nvidia-smi`) when one of its lines is, and HTML comments;
-   the rest is normalized (synonyms from "Words users use", light stemming, stop words).
-2. Each skill's phrases are matched by coverage: the idf-weighted share of a phrase's terms
-   present in the query (a phrase counts from 50% coverage; error messages also match in order).
-   A skill's score is the sum of its best phrase scores, with diminishing weight, plus its single
-   terms (bare numbers are context, not terms). A short phrase with a negation ("not learning")
-   needs a negation or a failure verb in the query: otherwise it would match its opposite.
-3. Out of scope: signs of an "Out of scope" topic (TensorFlow, pandas, driver installs...) that
-   outweigh the skills' evidence decline the query, unless it names PyTorch (a "PyTorch sign")
-   and the topic does not hold even then. The topic chosen is the one with the widest margin over
-   what it needs; a "Shared API name" (nn.Module) names PyTorch for an "unless PyTorch is named"
-   topic only when none of its signs is there (Flax has an nn.Module too).
-4. With no evidence, or a post that names no symptom (only context: versions, hardware,
-   hyper-parameters, topic keywords) and says one of the "Ask one question first" phrasings,
-   asks for help or review ("Help words", "Review words") or lists its setup ("Setup words" next
-   to numbers) while none of its question sentences names anything routable on its own, it asks.
-   A phrase names a symptom only through a word that is not a topic term (a keyword of any
-   skill, a setup or topic word): "Setup DDP for 8 GPUs" names a topic, "training hangs with
-   several GPUs" a symptom. A question that asks for a review ("Is my DDP setup sensible?")
-   names something routable only with a symptom. A post of a few words that are all topic terms
-   ("torch.compile", "DDP") names no problem either.
-5. The labelled examples (references/routing-examples.md, `examples.ExampleModel`) vote: each
-   skill's rank is its phrase score as a share of the top one plus the examples' probability
-   of it (EXAMPLE_WEIGHT), so a symptom in words no phrase has still routes like the questions
-   that share its words. They also overrule a clarifying question or a "when it outweighs"
-   decline that they all but rule out (OVERRULE_BELOW), and decide alone when nearly sure
-   (EXAMPLES_DECIDE): a decline unless a PyTorch message is pasted, a clarifying question only
-   when the prose (pasted code is context, `_without_code`) names no symptom and no question
-   names anything routable in the clause that asks: "torch.compile misbehaves on 2.6, any known
-   issues?" asks nothing of torch.compile. A question that is only one of the "Ask one question
-   first" phrasings ("How can I optimize my model?") names nothing either.
-6. Precedence and common-mistake rules reorder the skills ("slow" + "amp" -> profile first); a
-   rule needs its first skill to have evidence of its own and not to be all but ruled out by the
-   examples, and words inside file paths do not trigger rules, nor do the words of another
-   skill's pasted message (unless the rule reads that skill next: a pasted OOM in an FSDP job
-   fires the OOM-with-FSDP rule).
+How it decides (deterministic; the phrase scores are the only ranking):
+0. Read: drop the "Not evidence" lines (a `collect_env` dump, issue-template headings, a drawn
+   `nvidia-smi` table); apply "Words users use"; stem. Score each skill: the idf-weighted share
+   of each of its phrases found in the post (from 50%), best phrases first with diminishing
+   weight, plus its single terms. A *symptom* is a symptom, error or example phrase found (80%)
+   through a word that is not a topic term (keywords, setup and topic words).
+1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a Keras
+   progress bar, `ttnn`, an import line), when an "Out of scope" topic's signs outweigh the
+   skills' evidence as its row says (a post that names PyTorch keeps the `unless` topics; one
+   that names a symptom keeps the `when it outweighs` ones: "explain why training is slow" is
+   profiling), or when an English post shows no ML word, no code name and no whole phrase.
+2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
+   symptom and no API (a code name, `torch.gather`, one of whose parts is evidence) and: has no
+   evidence, or its evidence is one term ("checkpoint", "pretrained") or single words with no
+   phrase, or it says a vague phrasing, a help word or a setup list while none of its questions
+   names anything routable.
+3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" or
+   "Common routing mistakes" row fires (its terms outside file paths and other skills' pasted
+   messages; its first skill with its own evidence; the most specific row, then the one whose
+   first skill scores highest); then the skills scoring FOLLOW_RATIO of the top, three at most.
 
-Known limitations: bag-of-words matching and statistics: a symptom described in words neither
-the phrases nor the examples use (and no synonym maps) is not recognized; a detailed post that
-names no symptom but asks "any ideas?" about a topic is still routed when the examples are not
-nearly sure it is a vague one;
-non-English text gets the clarifying question; a
-question about another framework that never names it (nor any sign the table lists) is routed
-as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter'); a
-keyword whose parts are common words makes those words topic terms, so keywords avoid compounds
-such as 'broadcast_object_list'. A report with no matched phrase and no question (a bare
-version printout) is still routed on single terms.
+Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
+recognized, and a post that only names a topic plus a code name is routed on that topic. Only
+English is read: other languages get the clarifying question. A question about another
+framework that shows none of its signs is routed as if it were PyTorch. Truncation stemming
+conflates some words ('parametrize'/'parameter').
 """
 
 from __future__ import annotations
@@ -68,10 +46,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from torch_skills.skillpack.examples import ExampleModel, with_pairs
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
 from torch_skills.skillpack.router import (
-    EXAMPLE_VERDICTS,
     OutOfScopeTopic,
     PrecedenceRule,
     RouterFormatError,
@@ -80,27 +56,10 @@ from torch_skills.skillpack.router import (
 )
 from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
 
-# The labelled examples' probability of a skill is added to its phrase score divided by the top
-# one: at 1.0 a confident example vote outweighs a runner-up phrase match, not a clear winner.
-EXAMPLE_WEIGHT = 1.0
-# A rule reorders only when the examples give its first skill at least this probability: a
-# one-condition rule ("training is slow" -> profiling) needs a plausible share, its trigger words
-# alone being weak evidence; a two-condition rule ("oom" with "fsdp") only needs its skill not to
-# be all but ruled out (a "slow" NCCL question about which network interface to use).
-RULE_MIN_VOTE = {False: 0.02, True: 1e-9}
-# The tables' "ask one question first" or "out of scope" answer stands unless the examples give it
-# less than this probability and the phrases found something (a question worded like routable ones).
-# Naive Bayes posteriors are extreme, so "all but ruled out" is a very small number. Only "when it
-# outweighs" declines are overruled: a Keras question worded like a PyTorch one is still Keras.
-OVERRULE_BELOW = {"clarify": 1e-10, "out-of-scope": 1e-10}
-# ... and the examples alone ask first or decline when they hold the post for a clarify or an
-# out-of-scope one with this probability: a clarifying question only when the post names no
-# symptom outside its pasted code, a decline only when it pastes no PyTorch message.
-EXAMPLES_DECIDE = {"clarify": 0.99, "out-of-scope": 0.99}
-GENERIC_TOPIC = "Not PyTorch engineering"
+GENERIC_TOPIC = "Not machine learning"
 GENERIC_SAY = (
-    "The question reads like the questions the router declines (other tools, theory, learning, "
-    "hardware, general programming); this pack covers making PyTorch code work and run fast."
+    "The question names nothing about machine learning or PyTorch; this pack covers making "
+    "PyTorch code work and run fast."
 )
 MAX_QUERY_CHARS = 20_000  # longer input (a whole log) keeps its head and its tail, where errors are
 KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}
@@ -121,7 +80,7 @@ RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the
 # that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
 # PyTorch not named) a fifth; "always" (installs, PyTorch named or not) more, so that "pip install"
 # in passing does not decline a real PyTorch problem.
-OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4}
+OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4, "on sight": 0.0}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
 # A symptomless post that asks for help or lists its setup is vague unless one of its questions
 # names something routable on its own.
@@ -130,7 +89,7 @@ MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hol
 BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, names a topic, not a problem
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
 _WORDISH = re.compile(r"[^\s\"'(),`]+")
-_SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Z])|\n+")
+_SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Za-z])|\n+")
 # the clauses of a sentence: what the last one asks is the question ("torch 2.5, any known issues?")
 _CLAUSE = re.compile(r"[,;:]\s+|\.+\s+|\s+[-\u2013\u2014]+\s+|\)\s+")
 _ASKING = frozenset(
@@ -138,6 +97,8 @@ _ASKING = frozenset(
 )
 # who a question addresses or points at ("can you", "fix it"): no topic of its own
 _ADDRESSED = frozenset("i me my you your it this that we our someone somebody please".split())
+# words of a question that points back at the sentence before it ("How can I do that?")
+_PRONOUN_ASK = frozenset("do done that this way easy easily possible there any".split())
 _LINE_LEAD = re.compile(r"^[^A-Za-z0-9\[/_]+")
 _HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 NEGATED = frozenset({"not", "no"})  # a phrase with one of these needs a negation in the query
@@ -193,10 +154,6 @@ class RouteResult(BaseModel):
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
     )
-    votes: dict[str, float] = Field(
-        default_factory=dict,
-        description="probability the labelled examples give each skill, 'clarify' and 'out-of-scope'",
-    )
     summary: str
 
 
@@ -215,6 +172,9 @@ class _Evidence:
     ordered: list[str]  # the query's terms, in order
     symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
     pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
+    terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
+    whole: set[str]  # skills with a phrase (nearly) all there, at SYMPTOM_COVERAGE
+    around_pasted: set[str]  # loose terms on the lines of pasted messages, not the messages' own
 
 
 def _truncate(query: str) -> str:
@@ -285,36 +245,15 @@ class Router:
         self.anchors = [t for t in (tuple(_words(s)) for s in table.pytorch_signs) if t]
         self.shared_anchors = [t for t in (tuple(_words(s)) for s in table.shared_signs) if t]
         self.topics = [
-            (topic, [(s, t) for s in topic.signs if (t := tuple(_words(s)))]) for topic in table.out_of_scope
+            (topic, [(s, t) for s in topic.signs if not _is_pattern(s) and (t := tuple(_words(s)))])
+            for topic in table.out_of_scope
         ]
-        # word statistics of the "Labelled examples", the route phrases counting as short examples
-        self.example_model = (
-            ExampleModel.fit(
-                table.examples,
-                ((p.skill, list(p.terms)) for p in self.phrases),
-                self._example_features,
-                [*table.routes, *(v for v in EXAMPLE_VERDICTS if any(e.skill == v for e in table.examples))],
-            )
-            if table.examples
-            else None
-        )
-
-    def _example_features(self, text: str) -> set[str]:
-        """What the example model reads of a text: its terms and adjacent pairs, evidence lines only."""
-        return with_pairs(terms(self._drop_not_evidence(text)[0], self.synonyms))
-
-    def example_probabilities(self, query: str) -> dict[str, float]:
-        """P(label | the query's words) from the labelled examples, for each skill and for
-        "clarify" and "out-of-scope" when the examples have them ({} without examples)."""
-        return self._votes(self._example_features(_truncate(query or "")))
-
-    def _votes(self, features: set[str]) -> dict[str, float]:
-        return self.example_model.probabilities(features) if self.example_model is not None else {}
-
-    def _overruled(self, verdict: str, votes: dict[str, float], top: float) -> bool:
-        """Whether the examples overrule the tables' `verdict` ("clarify" or "out-of-scope"): they
-        hold examples of it, give it less than OVERRULE_BELOW[verdict], and the phrases found evidence."""
-        return verdict in votes and votes[verdict] < OVERRULE_BELOW[verdict] and top >= MIN_EVIDENCE
+        # "on sight" signs written /.../ are regular expressions on the raw post
+        self.patterns = {
+            topic.topic: [(sign, re.compile(sign[1:-1])) for sign in topic.signs if _is_pattern(sign)]
+            for topic in table.out_of_scope
+        }
+        self.ml_words = [t for t in (tuple(_words(w)) for w in table.ml_words) if t]
 
     @classmethod
     def from_pack(cls, pack: SkillPack) -> Router:
@@ -382,12 +321,18 @@ class Router:
         qset = set(ordered)
         negated = bool(NEGATED & qset) or _NEGATION.search(query) is not None
         per_skill: dict[str, list[tuple[float, str]]] = {s: [] for s in self.table.routes}
+        hit_terms: dict[str, set[str]] = {s: set() for s in self.table.routes}
+        whole: set[str] = set()
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
+        around: set[str] = set()
         for phrase in self.phrases:
             s, coverage = self._phrase_score(phrase, qset, ordered, negated)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
+                hit_terms[phrase.skill].update(t for t in phrase.terms if t in qset and not _NUMBER.match(t))
+                if coverage >= SYMPTOM_COVERAGE:
+                    whole.add(phrase.skill)
                 if (
                     phrase.kind in SYMPTOM_KINDS
                     and coverage >= SYMPTOM_COVERAGE
@@ -396,18 +341,30 @@ class Router:
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
+                    around |= self._line_terms(query, phrase)
         scores, evidence = {}, {}
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
             # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
-            term_score = TERM_WEIGHT * sum(
-                self.term_idf[t] for t in qset & self.vocab[skill] if not _NUMBER.match(t)
-            )
+            own = {t for t in qset & self.vocab[skill] if not _NUMBER.match(t)}
+            term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in own)
+            hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        return _Evidence(scores, evidence, ordered, symptom, pasted)
+        around -= set().union(*pasted.values())
+        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole, around)
+
+    def _line_terms(self, query: str, phrase: _Phrase) -> set[str]:
+        """The loose terms of the lines that hold `phrase` word for word (a pasted message's line)."""
+        found: set[str] = set()
+        for line in query.splitlines():
+            if set(phrase.terms) <= set(line_terms := terms(line, self.synonyms)) and _in_order(
+                phrase.terms, line_terms
+            ):
+                found |= set(terms(line, self.synonyms, GLUE_WORDS))
+        return found
 
     def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
@@ -415,15 +372,16 @@ class Router:
         as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough)."""
         scores = found.scores
         top = max(scores.values(), default=0.0)
-        best: tuple[int, int, PrecedenceRule] | None = None
+        best: tuple[tuple[float, ...], PrecedenceRule] | None = None
         for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
             if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
                 continue
             # words of another skill's pasted message are that message's, unless the rule names that
-            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is about)
+            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is
+            # about); the other words on a pasted message's line are the message's too
             own_skills = {rule.first, *rule.then}
             pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
-            terms_here = qset - pasted
+            terms_here = qset - pasted - found.around_pasted
             if not any(set(t) <= terms_here for t in first_terms):
                 continue
             if second_terms and not any(set(t) <= terms_here for t in second_terms):
@@ -434,10 +392,10 @@ class Router:
                 if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
                     continue
             specificity = 1 if second_terms else 0
-            key = (-specificity, index)
-            if best is None or key < best[:2]:
-                best = (*key, rule)
-        return best[2] if best else None
+            key = (-specificity, -scores.get(rule.first, 0.0), index)
+            if best is None or key < best[0]:
+                best = (key, rule)
+        return best[1] if best else None
 
     def _vague_question(self, qset: set[str], ordered: list[str]) -> tuple[str | None, float]:
         """(question of the closest vague phrasing, how much of the query that phrasing explains)."""
@@ -452,14 +410,6 @@ class Router:
                 if covered >= 0.6 and score > best:
                     best_q, best = case.question, score
         return best_q, best
-
-    def _combined(self, scores: dict[str, float], top: float, votes: dict[str, float]) -> dict[str, float]:
-        """Each skill's phrase score as a share of the top one, plus EXAMPLE_WEIGHT times the
-        labelled examples' probability of it (`votes`; the phrase shares alone without examples)."""
-        shares = {s: v / top if top > 0 else 0.0 for s, v in scores.items()}
-        if not votes:
-            return shares
-        return {s: round(shares[s] + EXAMPLE_WEIGHT * votes.get(s, 0.0), 4) for s in shares}
 
     # -- what counts as evidence ----------------------------------------------------------------
     def _drop_not_evidence(self, query: str) -> tuple[str, int]:
@@ -496,7 +446,7 @@ class Router:
         return any(words.near(sign) for sign in self.shared_anchors)
 
     def _out_of_scope(
-        self, words: _Positions, named: bool, top: float = 0.0, shared: bool = False
+        self, words: _Positions, named: bool, top: float = 0.0, shared: bool = False, raw: str = ""
     ) -> tuple[OutOfScopeTopic | None, float, list[str]]:
         """The out-of-scope topic whose signs most exceed what it needs to decline (its "Declines"
         share of the best skill score `top`), its score and the signs seen. `named`: a PyTorch sign
@@ -510,6 +460,8 @@ class Router:
             if shared and topic.declines == "outweighs":
                 continue  # a shared name still names PyTorch for the "when it outweighs" topics
             seen = sorted(((text, t) for text, t in signs if words.near(t)), key=lambda x: -len(x[1]))
+            # a pattern sign is reported as the text it matched ("model.add(", "249/249 [=====] - ")
+            seen += [(m.group(0)[:40], ("",)) for _, p in self.patterns[topic.topic] if (m := p.search(raw))]
             score = sum((1 + 0.5 * (len(t) - 1)) / (1 + i) for i, (_, t) in enumerate(seen))
             margin = score - OUTWEIGHS[topic.declines] * top
             if score > 0 and (margin, score) > (best_margin, best[1]):
@@ -542,10 +494,16 @@ class Router:
         """Whether one of the question sentences of `text` names something routable on its own;
         with `asked_clause`, only the clause that asks counts, the last one of its sentence: in
         "torch.compile doesn't work on 2.5, any known issues?" the question names nothing."""
-        questions = [s for s in _SENTENCE.split(text) if _is_question(s)][:MAX_QUESTIONS]
-        if asked_clause:
-            questions = [_clauses(q)[-1] for q in questions]
-        return any(self._names_routable(q) for q in questions)
+        sentences = [s for s in _SENTENCE.split(text) if s.strip()]
+        questions = []
+        for i, sentence in enumerate(sentences):
+            if not _is_question(sentence):
+                continue
+            ask = _clauses(sentence)[-1] if asked_clause else sentence
+            if i and not set(terms(ask, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED - _PRONOUN_ASK:
+                ask = sentences[i - 1] + " " + ask  # "How can I do that?" asks about the sentence before
+            questions.append(ask)
+        return any(self._names_routable(q) for q in questions[:MAX_QUESTIONS])
 
     def _names_routable(self, question: str) -> bool:
         """Whether one question sentence names something routable on its own. A question that asks
@@ -581,140 +539,114 @@ class Router:
 
     # -- the answer -----------------------------------------------------------------------------
     def route(self, query: str) -> RouteResult:
-        query, ignored = self._drop_not_evidence(_truncate(query or ""))
+        posted = _truncate(query or "")
+        query, ignored = self._drop_not_evidence(posted)
         found = self._evidence(query)
-        scores, evidence, ordered = found.scores, found.phrases, found.ordered
-        symptom = max(found.symptom.values(), default=0.0)
-        qset = set(ordered)
-        loose = _Positions(terms(query, self.synonyms, GLUE_WORDS))
+        scores, evidence = found.scores, found.phrases
+        qset = set(found.ordered)
         ranked = sorted(scores, key=lambda s: (-scores[s], s))
         top = scores[ranked[0]] if ranked else 0.0
         matched = {s: evidence[s] for s in ranked if evidence[s]}
+        answer = {"scores": scores, "evidence": matched, "ignored_lines": ignored}
 
+        # 1. decline: another framework's signs, or nothing about machine learning at all
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
-        topic, oos, signs = self._out_of_scope(words, named, top, shared=self._names_shared(words))
-        all_votes = self._votes(with_pairs(ordered))
-        if (
-            topic is not None
-            and oos >= OUTWEIGHS[topic.declines] * top
-            and not (topic.declines == "outweighs" and self._overruled("out-of-scope", all_votes, top))
-        ):
+        topic, oos, signs = self._out_of_scope(words, named, top, self._names_shared(words), query)
+        ask = self._vague_ask(_Positions(terms(query, self.synonyms, GLUE_WORDS)))
+        if topic is None and not named and ask is None and self._names_no_ml(posted, found):
+            topic, oos, signs = OutOfScopeTopic(GENERIC_TOPIC, [], "outweighs", GENERIC_SAY, 0), 1.0, []
+        # a symptom is PyTorch engineering: "explain why my training is slow" is not a theory question
+        prose = _without_code(query)
+        symptom = max(self._evidence(prose).symptom.values() if prose != query else found.symptom.values())
+        if topic is not None and topic.declines == "outweighs" and symptom >= SYMPTOM_MIN:
+            topic = None
+        if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
             return RouteResult(
                 status="out_of_scope",
                 skills=[],
                 out_of_scope=topic.topic,
                 reason=topic.say,
                 out_of_scope_signs=signs,
-                evidence=matched,
                 confidence=_decline_confidence(oos, OUTWEIGHS[topic.declines] * top),
-                scores=scores,
-                votes=_rounded(all_votes),
-                ignored_lines=ignored,
                 summary=f"Out of scope ({topic.topic}): {topic.say}",
+                **answer,
             )
 
-        if all_votes.get("out-of-scope", 0.0) >= EXAMPLES_DECIDE["out-of-scope"] and not found.pasted:
-            # the table's signs did not decline it; name the topic whose signs it shows, if any
-            near, _, near_signs = self._out_of_scope(words, False, 0.0)
-            topic_name, say = (near.topic, near.say) if near is not None else (GENERIC_TOPIC, GENERIC_SAY)
-            return RouteResult(
-                status="out_of_scope",
-                skills=[],
-                out_of_scope=topic_name,
-                reason=say,
-                out_of_scope_signs=near_signs,
-                evidence=matched,
-                confidence=round(0.5 * all_votes["out-of-scope"], 2),
-                scores=scores,
-                votes=_rounded(all_votes),
-                ignored_lines=ignored,
-                summary=f"Out of scope ({topic_name}): {say}",
-            )
-
-        question, vagueness = self._vague_question(qset, ordered)
-        ask = self._vague_ask(loose)
-        # pasted code says what the user works with, not what goes wrong: a symptom, a request
-        # for help and the examples' say on asking first are read in the rest of the post
-        prose = _without_code(query)
-        if prose != query:
-            symptom = max(self._evidence(prose).symptom.values(), default=0.0)
-            prose_votes = self._votes(with_pairs(terms(prose, self.synonyms)))  # prose: evidence lines only
-        else:
-            prose_votes = all_votes
+        # 2. ask first: no symptom (in the prose: pasted code is context) and no concrete question
+        question, vagueness = self._vague_question(qset, found.ordered)
+        concrete = symptom >= SYMPTOM_MIN or self._names_api(prose, found.terms[ranked[0]])
         if (
-            top < MIN_EVIDENCE
-            or (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
-            or (
-                (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
-                or (symptom < SYMPTOM_MIN and self._asks_for_help(prose, ask is not None))
-            )
-            and not self._overruled("clarify", prose_votes, top)
-            or (
-                symptom < SYMPTOM_MIN
-                and prose_votes.get("clarify", 0.0) >= EXAMPLES_DECIDE["clarify"]
-                and not self._asks_routable_question(prose, asked_clause=True)
+            (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
+            or not concrete
+            and (
+                top < MIN_EVIDENCE
+                or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
+                or not evidence[ranked[0]]  # single words, no phrase
+                or self._asks_for_help(prose, ask is not None)
+                or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
             )
         ):
             return RouteResult(
                 status="clarify",
                 skills=[],
                 clarify=ask or question or DEFAULT_QUESTION,
-                evidence=matched,
                 confidence=0.0,
-                scores=scores,
-                votes=_rounded(all_votes),
-                ignored_lines=ignored,
                 summary="The post names no specific symptom; ask the question, then route on the answer.",
+                **answer,
             )
-        rule_terms = set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS))
-        rule = self._fired_rule(rule_terms, found)
-        # each skill's probability as is, not renormalized over the skills: when the examples hold
-        # the post for a clarify or out-of-scope one, the skills' crumbs must not decide the order
-        votes = {s: all_votes[s] for s in self.table.routes if s in all_votes}
-        mass = sum(votes.values())
-        relative = {s: v / mass for s, v in votes.items()} if mass > 0 else {}  # among the skills only
-        # a pasted message of a skill the rule reads next (an OOM in an FSDP job) outvotes the
-        # job's words in the examples, yet the rule is about exactly that message: it holds
-        if (
-            rule is not None
-            and relative
-            and relative.get(rule.first, 0.0) < RULE_MIN_VOTE[bool(rule.together_with)]
-            and not any(s in found.pasted for s in rule.then)
-        ):
-            rule = None
-        combined = self._combined(scores, top, votes)
-        ranked = sorted(combined, key=lambda s: (-combined[s], s))
-        order: list[str] = []
-        if rule is not None:
-            order = [rule.first, *[s for s in rule.then if s != rule.first]]
+
+        # 3. route: the highest phrase score first, unless a precedence rule says where the cause is
+        rule = self._fired_rule(set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS)), found)
+        order = [rule.first, *[s for s in rule.then if s != rule.first]] if rule is not None else []
         for skill in ranked:
-            # the first by the blend; the others, in its order, when their phrases alone would list them
-            listed = not order or scores[skill] >= FOLLOW_RATIO * top
-            if skill not in order and listed and len(order) < 3:
+            if skill not in order and (not order or scores[skill] >= FOLLOW_RATIO * top) and len(order) < 3:
                 order.append(skill)
         order = [s for s in order if s in self.table.routes]
         first = order[0]
-        second = max((combined[s] for s in ranked if s != first), default=0.0)
-        margin = max(0.0, (combined[first] - second) / max(combined[first], 1e-9))
-        strength = 1 - math.exp(-scores[first] / 4)
-        confidence = round(strength * (0.5 + 0.5 * margin), 2)
+        second = max((scores[s] for s in ranked if s != first), default=0.0)
+        margin = max(0.0, (scores[first] - second) / max(scores[first], 1e-9))
+        confidence = round((1 - math.exp(-scores[first] / 4)) * (0.5 + 0.5 * margin), 2)
         tools = self.table.routes[first].tools
         why = f" ({rule.why})" if rule is not None and rule.why else ""
         summary = f"Start with {first}{why}" + (f", then {', '.join(order[1:])}." if len(order) > 1 else ".")
         if tools:
             summary += f" Run {' / '.join(tools)} on the user's code first."
+        answer["evidence"] = {s: evidence[s] for s in order if evidence.get(s)}
         return RouteResult(
             status="routed",
             skills=order,
-            evidence={s: evidence[s] for s in order if evidence.get(s)},
             tools=tools,
             rule=f"{rule.source} table, line {rule.line}" if rule else None,
             confidence=confidence,
-            scores=scores,
-            votes=_rounded(all_votes),
-            ignored_lines=ignored,
             summary=summary,
+            **answer,
+        )
+
+    def _names_api(self, text: str, evidence: set[str]) -> bool:
+        """Whether `text` names an API the skill's evidence holds: an identifier written as code
+        (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`) one of whose parts is an evidence term."""
+        return any(
+            ("." in tok or "_" in tok)
+            and "/" not in tok
+            and not _NUMBER.match(tok)
+            and set(terms(tok, self.synonyms)) & evidence
+            for tok in tokens(text)
+        )
+
+    def _names_no_ml(self, posted: str, found: _Evidence) -> bool:
+        """Whether a post is about no machine learning at all ("What is the capital of France?"): it
+        is English (glue words), names no code identifier, shows none of the "ML words" and matches
+        no route phrase fully."""
+        words = _Positions(_words(posted))
+        return (
+            len(set(found.ordered)) >= 2
+            and len(set(tokens(posted.lower())) & GLUE_WORDS)
+            >= 2  # English: other languages get the question
+            and max(found.symptom.values(), default=0.0) == 0.0
+            and not found.whole
+            and not any(words.near(w, gap=0) for w in (*self.ml_words, *self.anchors))  # the whole post
+            and not any("." in t or "_" in t for t in tokens(posted) if not _NUMBER.match(t))  # code names
         )
 
 
@@ -754,9 +686,9 @@ def _without_code(text: str) -> str:
     return text if len(kept) == len(lines) else "\n".join(kept)
 
 
-def _rounded(votes: dict[str, float]) -> dict[str, float]:
-    """Example votes for the result: 4 decimals (1e-20 and 0 read the same to a client)."""
-    return {k: round(v, 4) for k, v in sorted(votes.items(), key=lambda kv: -kv[1])}
+def _is_pattern(sign: str) -> bool:
+    """A sign written `/.../` is a regular expression on the raw post, not words."""
+    return len(sign) > 2 and sign.startswith("/") and sign.endswith("/")
 
 
 def _decline_confidence(signs: float, needed: float) -> float:

@@ -1,4 +1,4 @@
-"""Parse the router skill (skills/using-pytorch-engineering/) into routing tables.
+r"""Parse the router skill (skills/using-pytorch-engineering/) into routing tables.
 
 Use `table = parse_router(skill_md_body, references={"references/routing-terms.md": text})`, or
 `load_router_table(folder)` for a skill folder on disk; `route.Router(table)` does the routing.
@@ -36,15 +36,13 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   and the reason to give. A `**PyTorch signs:** a, b` line in that section lists the words that
   name PyTorch; a `**Shared API names:** a, b` line, names other frameworks use too, which name
   PyTorch for an `unless PyTorch is named` row only when none of that row's signs is there.
+  The `**ML words:**` line of that section lists words of machine learning at all: a question
+  that shows none of them, no PyTorch sign and no route phrase is declined as not ML. A row whose
+  "Declines" cell says `on sight` declines on any one sign, PyTorch named or not: code or log text
+  only another framework writes. Its signs may be regular expressions written `/.../`, matched
+  case-sensitively on the raw post (a Keras progress bar: `/\d+/\d+ \[=+/`).
 - `## Not evidence` is a table `| Lines starting with | Are |`: line prefixes (a pasted
   `collect_env` dump, issue-template headings) that route() drops before reading the query.
-- `## Labelled examples` (kept in references/routing-examples.md) holds one `### <skill-name>`
-  section per specialist; each fenced block in it is one user question, word for word, that an
-  expert would start with that skill (`### clarify`: a post to ask one question about;
-  `### out-of-scope`: a question to decline). The fence's info string may say where the question came
-  from (```` ```text from=heldout2 ````): route() ignores it, the evals use it to score each set
-  with a router that never saw its questions. route() learns word statistics from these blocks
-  (`examples.ExampleModel`), so a question worded like the examples routes like them.
 
 Anything else in the file is prose for the agent and is ignored here. `RouterFormatError` names
 the line that breaks the contract.
@@ -53,7 +51,7 @@ the line that breaks the contract.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_skills.skillpack.loader import split_frontmatter
@@ -105,30 +103,21 @@ class AmbiguousCase:
     line: int
 
 
-DECLINES = ("unless", "outweighs", "always")  # the keyword of each "Declines" value
+DECLINES = ("unless", "outweighs", "always", "on sight")  # the keyword of each "Declines" value
 
 
 @dataclass
 class OutOfScopeTopic:
     topic: str
     signs: list[str]
-    declines: str  # "unless" PyTorch is named, when it "outweighs" the skills, or "always" (if it outweighs)
+    # "unless" PyTorch is named, when it "outweighs" the skills, "always" (if it outweighs), "on sight"
+    declines: str
     say: str
     line: int
 
     @property
     def holds_when_named(self) -> bool:
-        return self.declines == "always"
-
-
-@dataclass(frozen=True)
-class LabelledExample:
-    """One question of `## Labelled examples`: the skill to start with, its text, where it came from."""
-
-    skill: str
-    text: str
-    source: str  # the fence's `from=` value ("" when it names none)
-    line: int
+        return self.declines in ("always", "on sight")
 
 
 @dataclass
@@ -147,11 +136,7 @@ class RouterTable:
     # "Shared API names:" PyTorch names other frameworks use too (Flax's nn.Module): they name
     # PyTorch for a topic that declines "unless PyTorch is named" only when they are all there is
     shared_signs: list[str] = field(default_factory=list)
-    examples: list[LabelledExample] = field(default_factory=list)  # "Labelled examples"
-
-    def without_sources(self, sources: set[str]) -> RouterTable:
-        """The same table without the examples from `sources` (to score a set on a router that never saw it)."""
-        return replace(self, examples=[e for e in self.examples if e.source not in sources])
+    ml_words: list[str] = field(default_factory=list)  # "ML words:" of "Out of scope"
 
     def named_skills(self) -> set[str]:
         names = set(self.routes)
@@ -161,6 +146,7 @@ class RouterTable:
         return names
 
 
+_CELL_BAR = re.compile(r"(?<!\\)\|")
 _HEADING = re.compile(r"^(#{2,3})\s+(.*?)\s*$")
 _LABEL = re.compile(r"^\*\*([A-Za-z ]+?):?\*\*:?\s*(.*)$")
 _TOOL = re.compile(r"`([a-z_]+)`")
@@ -196,7 +182,8 @@ def _table_rows(lines: list[Line]) -> list[tuple[str, int, list[str]]]:
         if not stripped.startswith("|"):
             in_table = False
             continue
-        cells = [c.strip() for c in stripped.strip("|").split("|")]
+        # a cell may hold "|" escaped as "\\|" (a regular-expression sign), as Markdown tables allow
+        cells = [c.strip().replace("\\|", "|") for c in _CELL_BAR.split(stripped.strip("|"))]
         if not in_table:
             in_table = True  # the header row
             continue
@@ -334,63 +321,16 @@ def _parse_rules(sections: dict[str, list[Line]]) -> list[PrecedenceRule]:
     return rules
 
 
-# The router's labelled examples: users' questions word for word (wrong API names, deprecated calls
-# and all), so checks of what the pack claims read every other file but this one.
-EXAMPLES_REFERENCE = "references/routing-examples.md"
-# Example sections that are not skills: posts to ask one question about, and questions to decline.
-EXAMPLE_VERDICTS = ("clarify", "out-of-scope")
-_FENCE = re.compile(r"^\s*```+\s*([A-Za-z0-9_-]*)(.*)$")
-_FROM = re.compile(r"\bfrom=(\S+)")
-
-
-def _parse_examples(lines: list[Line], routes: dict[str, RouteSection]) -> list[LabelledExample]:
-    """The fenced blocks of `## Labelled examples`, each under the `### <skill>` heading before it."""
-    examples: list[LabelledExample] = []
-    skill: str | None = None
-    block: list[str] | None = None
-    source, start = "", 0
-    for file, lineno, line in lines:
-        fence = _FENCE.match(line)
-        if block is not None:
-            if fence:  # any fence line closes the block, as `_sections` reads fences
-                text = "\n".join(block).strip()
-                if not text:
-                    raise RouterFormatError(f"{_where(file, start)}: an empty example block")
-                assert skill is not None
-                examples.append(LabelledExample(skill, text, source, start))
-                block = None
-            else:
-                block.append(line)
-            continue
-        m = _HEADING.match(line)
-        if m and len(m.group(1)) == 3:
-            skill = _clean(m.group(2))
-            if skill not in routes and skill not in EXAMPLE_VERDICTS:
-                raise RouterFormatError(
-                    f"{_where(file, lineno)}: examples for {skill!r}, which is neither a skill of the "
-                    f"'Start here' table nor one of {', '.join(EXAMPLE_VERDICTS)}"
-                )
-            continue
-        if fence:
-            if skill is None:
-                raise RouterFormatError(
-                    f"{_where(file, lineno)}: an example block before any '### <skill-name>' heading"
-                )
-            found = _FROM.search(fence.group(2))
-            block, source, start = [], found.group(1) if found else "", lineno
-    if block is not None:
-        raise RouterFormatError(f"{_where(lines[-1][0], start)}: an example block that is never closed")
-    return examples
-
-
-def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[str], list[str]]:
+def _parse_out_of_scope(
+    lines: list[Line],
+) -> tuple[list[OutOfScopeTopic], list[str], list[str], list[str]]:
     topics: list[OutOfScopeTopic] = []
     for file, lineno, cells in _table_rows(lines):
         declines = [k for k in DECLINES if len(cells) >= 4 and k in cells[2].lower()]
         if len(cells) < 4 or len(declines) != 1:
             raise RouterFormatError(
                 f"{_where(file, lineno)}: an out-of-scope row needs 4 cells: topic | signs (comma-separated) | "
-                "declines (unless PyTorch is named / when it outweighs / always) | what to say"
+                "declines (unless PyTorch is named / when it outweighs / always / on sight) | what to say"
             )
         topics.append(
             OutOfScopeTopic(
@@ -401,15 +341,12 @@ def _parse_out_of_scope(lines: list[Line]) -> tuple[list[OutOfScopeTopic], list[
                 line=lineno,
             )
         )
-    signs: list[str] = []
-    shared: list[str] = []
+    lists: dict[str, list[str]] = {"pytorch signs": [], "shared api names": [], "ml words": []}
     for _file, _lineno, line in lines:
         lm = _LABEL.match(line.strip())
-        if lm and lm.group(1).strip().lower() == "pytorch signs":
-            signs += _split_terms(lm.group(2))
-        elif lm and lm.group(1).strip().lower() == "shared api names":
-            shared += _split_terms(lm.group(2))
-    return topics, signs, shared
+        if lm and lm.group(1).strip().lower() in lists:
+            lists[lm.group(1).strip().lower()] += _split_terms(lm.group(2))
+    return topics, lists["pytorch signs"], lists["shared api names"], lists["ml words"]
 
 
 def parse_router(text: str, references: dict[str, str] | None = None) -> RouterTable:
@@ -440,7 +377,7 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         if len(cells) >= 2:
             for word in _split_terms(cells[0]):
                 synonyms[word.lower()] = _clean(cells[1]).lower()
-    topics, signs, shared = _parse_out_of_scope(_find(sections, "out of scope") or [])
+    topics, signs, shared, ml_words = _parse_out_of_scope(_find(sections, "out of scope") or [])
     ask_section = _find(sections, "ask one question") or []
     help_words, setup_words, topic_words, review_words = (
         [
@@ -469,7 +406,7 @@ def parse_router(text: str, references: dict[str, str] | None = None) -> RouterT
         topic_words,
         review_words,
         shared,
-        _parse_examples(_find(sections, "labelled examples") or [], routes),
+        ml_words,
     )
 
 
