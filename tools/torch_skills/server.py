@@ -491,16 +491,14 @@ to read for the fix.""",
         hidden=("loss", "max_listed"),
         description="""Is this checkpoint safe to load, complete for resuming, and does it fit my model?
 
-Never executes the file: every pickle reachable from the path (any zip or tar member, .pt2
-nested archives, .npy/.npz object arrays, compressed joblib, legacy torch, DCP .metadata, every
-file of a folder) is read statically, FRAMEs as CPython reads them, and each global it would
-import is checked. `verdict`: safe; safe_with_allowlist (only data classes such as Namespace,
-datetime, OmegaConf, TrainingArguments; `allowlist_recipe` gives the safe_globals code);
-unsafe (os.system, exec, gadget chains, bombs...) with file and byte offset; or corrupt; folders
-get one per file. Loadable files are opened (weights_only=True, mmap): tensors, bytes, dtypes,
-NaN/Inf, resume pieces present (model, optimizer, scheduler, scaler, step, RNG states,
-sampler), optimizer consistency. With `model`: keys and shapes compared (tied and renamed keys
-as load_state_dict/from_pretrained treat them), the prefix fix found, optionally loaded and run.""",
+Never executes the file: every pickle reachable from the path (zip and tar members, .pt2, .npy/
+.npz, joblib, legacy torch, DCP, every file of a folder) is read statically, as its own loader
+reads it, and each global it would import is checked. `verdict`: safe; safe_with_allowlist (only
+data classes such as Namespace or OmegaConf; `allowlist_recipe` gives the safe_globals code);
+unsafe (os.system, exec, gadget chains, bombs...) with file and byte offset; or corrupt; one per
+file of a folder. Safe files are opened (weights_only=True, mmap): tensors, dtypes, NaN/Inf,
+resume pieces present, optimizer consistency. With `model`: keys and shapes compared as
+load_state_dict/from_pretrained treat them, the prefix fix, optionally a run.""",
     ),
     TorchTool(
         name="estimate_memory",

@@ -110,7 +110,7 @@ class ModelInputs(BaseModel):
     )
     input_shape: list[int] | None = Field(
         default=None,
-        description="shape of one random input batch, e.g. [8, 3, 32, 32]; used when inputs is not given",
+        description="shape of one random batch, e.g. [8, 3, 32, 32], when inputs is not given",
     )
     input_dtype: DType = Field(default="float32", description="dtype of the random input batch")
     loss: str | None = Field(
