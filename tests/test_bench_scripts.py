@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 def test_every_bench_script_imports_from_a_clone():
     """Loading each bench/*.py (without running its main) finds torch_skills and its own helpers."""
     scripts = sorted(p.name for p in (REPO / "bench").glob("*.py"))

@@ -43,6 +43,7 @@ async def client(project: Path) -> AsyncIterator[Client]:
             os.environ["PYTHONDONTWRITEBYTECODE"] = saved
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_an_existing_trace_path_is_refused_and_left_untouched(client: Client, project: Path):
     """profile_model never replaces a file: it says to pick another name, and the file keeps its bytes."""
     trace = project / "step.json"
@@ -65,6 +66,7 @@ async def test_an_existing_trace_path_is_refused_and_left_untouched(client: Clie
     assert trace.read_text() == "my notes, not a trace"
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_new_trace_path_is_written(client: Client, project: Path):
     """The refusal is about existing files only: a fresh name gets its trace."""
     trace = project / "traces" / "fresh.json"
@@ -82,6 +84,7 @@ async def test_a_new_trace_path_is_written(client: Client, project: Path):
     assert trace.stat().st_size > 0 and not list(trace.parent.glob(".*tmp"))
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 @pytest.mark.parametrize("tool", ["check_gradients", "estimate_memory", "profile_model"])
 async def test_no_bytecode_is_written_into_the_users_project(client: Client, project: Path, tool: str):
     """Importing the user's files (a package and a lone file with a sibling) leaves no __pycache__."""

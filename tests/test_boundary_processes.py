@@ -25,6 +25,7 @@ async def pool() -> AsyncIterator[WorkerPool]:
         yield pool
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_grandchild_in_a_new_session_dies_when_its_call_returns(pool: WorkerPool, tmp_path: Path):
     """start_new_session=True leaves the job's process group; the job's tree still takes it down."""
     pid_file = tmp_path / "pid"
@@ -32,6 +33,7 @@ async def test_a_grandchild_in_a_new_session_dies_when_its_call_returns(pool: Wo
     assert await wait_gone(job.result["grandchild"])
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_grandchild_in_a_new_session_dies_when_its_call_times_out(pool: WorkerPool, tmp_path: Path):
     """A job killed at its timeout takes its setsid() descendants with it."""
     pid_file = tmp_path / "pid"
@@ -50,6 +52,7 @@ async def test_a_double_forked_daemon_dies_with_its_call(pool: WorkerPool, tmp_p
     assert await wait_gone(job.result["daemon"])
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_time_waiting_for_a_free_worker_counts_toward_the_timeout_and_is_reported(pool: WorkerPool):
     """With both workers busy, a third call hears it is waiting and times out within its own timeout_s."""
     messages: list[str] = []
@@ -73,6 +76,7 @@ async def test_time_waiting_for_a_free_worker_counts_toward_the_timeout_and_is_r
     assert any(m.startswith("waiting for a free worker (") and "ahead" in m for m in messages)
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_memory_caps_of_running_jobs_never_add_up_to_more_than_the_budget():
     """Two jobs whose caps together exceed the budget run one after the other, not together."""
     budget = 3 << 30

@@ -92,6 +92,7 @@ async def test_references_that_load_or_run_other_code_are_refused_by_every_tool(
         assert not (project / "ran-evil").exists(), (tool, model)
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 @pytest.mark.parametrize("tool", TOOLS)
 async def test_a_library_model_class_and_a_src_layout_package_still_work(
     client: Client, project: Path, tool: str

@@ -28,6 +28,7 @@ def test_the_corpus_is_large_and_varied_enough(corpus):
     assert not any(s.executed() for s in corpus.malicious)
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_every_malicious_sample_is_unsafe_over_mcp_and_nothing_runs(client, corpus):
     """Each payload is reported unsafe (a global or a blocking problem) and its sentinel is unchanged."""
     missed, ran = [], []
@@ -43,6 +44,7 @@ async def test_every_malicious_sample_is_unsafe_over_mcp_and_nothing_runs(client
     assert missed == [] and ran == []
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_every_benign_sample_is_safe_and_loads_with_zero_false_alarms(client, corpus):
     """Every benign checkpoint kind scans safe, names no unsafe global and opens without error."""
     alarms = {}
@@ -60,6 +62,7 @@ async def test_every_benign_sample_is_safe_and_loads_with_zero_false_alarms(clie
     assert alarms == {}
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 def test_every_payload_really_runs_when_loaded_the_usual_way(tmp_path):
     """Liveness: a separate copy, fired in a subprocess the usual way, changes every sentinel.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mcp_types as t
+import pytest
 from mcp import Client
 
 from torch_skills.server import build_server
@@ -28,6 +29,7 @@ async def test_a_model_outside_every_root_is_refused_with_the_roots_named(tmp_pa
     assert "outside the allowed roots" in text and str(Path.cwd()) in text and "--allow" in text
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_client_root_admits_a_model_outside_the_servers_folder(tmp_path: Path):
     """A client that offers its roots (MCP roots capability) can point the tools at its workspace."""
     asked = []
@@ -49,6 +51,7 @@ async def test_a_client_root_admits_a_model_outside_the_servers_folder(tmp_path:
     assert outside.structured_content["summary"]
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_an_allow_flag_admits_its_folder(tmp_path: Path):
     """`--allow DIR` adds a root for every client."""
     async with Client(build_server(allow=[tmp_path])) as client:

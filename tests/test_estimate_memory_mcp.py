@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import get_args
 
+import pytest
+
 from torch_skills.results import SkillName
 
 MODELS = "tests/fixtures/memory_models.py"
@@ -37,6 +39,7 @@ async def test_estimate_memory_answers_over_mcp_with_a_structured_result(client)
     assert all(f["skill"] in SKILLS for f in out["findings"])
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_7b_decoder_is_estimated_without_allocating_it(client):
     """Llama-2-7B shapes in bf16 with AdamW: exact parameter bytes and Adam state, far beyond this machine's RAM."""
     r = await client.call_tool(

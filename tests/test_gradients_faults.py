@@ -3,6 +3,7 @@ answers the next call normally."""
 
 from __future__ import annotations
 
+import pytest
 from mcp import Client
 
 from tests.conftest import FIXTURES
@@ -27,6 +28,7 @@ async def test_a_segfault_in_the_factory_is_a_crash_error(client: Client):
     await assert_server_still_answers(client)
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_an_endless_loop_is_stopped_at_timeout_s(client: Client):
     """A factory that never returns is killed after timeout_s and reported as a timeout."""
     r = await client.call_tool(

@@ -83,6 +83,7 @@ async def test_a_25_second_job_sends_progress_at_least_every_heartbeat_interval(
     assert any("sleepy: waiting (still running" in (m or "") for _, _, m in events)
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_call_waiting_for_a_worker_slot_says_it_is_queued():
     """With one slot busy, the second call's heartbeats say it is queued, then it runs."""
     messages: list[str] = []

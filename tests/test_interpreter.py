@@ -121,6 +121,7 @@ def src_project(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 def test_the_project_venv_lacks_pydantic_and_the_server_lacks_the_projects_package(src_project: Path):
     """The setting is real: each environment has something the other lacks."""
     python = src_project / ".venv" / "bin" / "python"
@@ -132,6 +133,7 @@ def test_the_project_venv_lacks_pydantic_and_the_server_lacks_the_projects_packa
     )
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 def test_the_worker_imports_only_the_listed_dependencies_in_a_bare_environment(src_project: Path):
     """Every preloaded worker module imports under the project's interpreter with the dependency folder appended."""
     python = src_project / ".venv" / "bin" / "python"
@@ -156,6 +158,7 @@ async def _check_gradients(client: Client, model: str):
     )
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_src_layout_project_runs_under_its_venv_given_with_python(src_project: Path, monkeypatch):
     """--python runs the model from the project's own venv: its package and its dependency import."""
     monkeypatch.chdir(src_project)
@@ -167,6 +170,7 @@ async def test_a_src_layout_project_runs_under_its_venv_given_with_python(src_pr
     assert len(r.structured_content["parameters"]) == 4
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_project_dot_venv_is_found_without_any_flag(src_project: Path, monkeypatch):
     """Started in the project folder, the server finds .venv by itself."""
     monkeypatch.chdir(src_project)

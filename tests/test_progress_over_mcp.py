@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from mcp import Client
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_profile_model_sends_progress_notifications_while_it_runs(client: Client):
     """A client passing progress_callback sees the stages of a multi-second profile."""
     seen: list[tuple[float, float | None, str | None]] = []

@@ -133,6 +133,7 @@ def _substitute(value: str, script: Path, project: Path) -> str:
 LAUNCHES = [pytest.param(s, marks=() if i == 0 else pytest.mark.slow) for i, s in enumerate(SNIPPETS)]
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 @pytest.mark.parametrize("snippet", LAUNCHES, ids=lambda s: f"{s.kind}:{' '.join(s.args) or 'no-args'}")
 async def test_each_snippet_starts_a_server_that_lists_the_tools(snippet, console_script, tmp_path):
     """The snippet's command and arguments, with real paths, serve over stdio and list all seven tools."""

@@ -85,6 +85,7 @@ async def test_a_segfault_keeps_the_python_traceback_of_where_it_died(pool: Work
     assert "jobs.py" in err.value.output
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_hang_is_stopped_at_the_timeout_and_its_process_killed(pool: WorkerPool, tmp_path: Path):
     """An endless loop ends as a timeout error and leaves no process behind."""
     pid_file = tmp_path / "pid"
@@ -94,6 +95,7 @@ async def test_a_hang_is_stopped_at_the_timeout_and_its_process_killed(pool: Wor
     assert await wait_gone(int(pid_file.read_text()))
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_processes_the_user_code_started_die_with_its_call(pool: WorkerPool, tmp_path: Path):
     """Leftover children (DataLoader workers, subprocesses) are killed with the job's process group."""
     job = await pool.run(f"{JOBS}:spawn_grandchild", {}, timeout_s=30)
@@ -104,6 +106,7 @@ async def test_processes_the_user_code_started_die_with_its_call(pool: WorkerPoo
     assert await wait_gone(int(pid_file.read_text()))
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_cancelled_call_kills_its_process(pool: WorkerPool, tmp_path: Path):
     """Client cancellation reaches the worker child."""
     pid_file = tmp_path / "pid"
@@ -128,6 +131,7 @@ async def test_print_spam_is_captured_head_and_tail_within_a_bound(pool: WorkerP
     assert job.output.rstrip().endswith("the end of the spam")
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_at_most_max_concurrent_calls_run_at_once_and_the_rest_queue(pool: WorkerPool):
     """With two slots, a third call starts only after one of the first two ends."""
     results = []
@@ -153,6 +157,7 @@ async def test_the_warm_worker_is_restarted_after_it_dies(pool: WorkerPool):
     assert pool.worker_info["pid"] != worker_pid
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_the_warm_worker_stays_single_threaded_after_preloading_every_tool():
     """fork() is only safe from one thread: no preload or warm_up may leave threads (OpenMP, ...) behind."""
     from torch_skills.server import WORKER_PRELOAD

@@ -39,6 +39,7 @@ async def _call_until(pool: WorkerPool, module: str, want_had: bool, tries: int 
     return result
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_library_the_last_call_imported_is_already_there_for_the_next(site: Path):
     """plainlib.sub is imported by call one; a later call finds it in the warm worker, which stays single-threaded."""
     async with entered_in_own_task(lambda: WorkerPool()) as pool:
@@ -49,6 +50,7 @@ async def test_a_library_the_last_call_imported_is_already_there_for_the_next(si
         assert len(os.listdir(f"/proc/{pool.worker_info['pid']}/task")) == 1
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_library_that_starts_a_thread_is_never_preloaded(site: Path):
     """threadlib leaves a thread: the warm worker restarts without it and later calls import it themselves."""
     async with entered_in_own_task(lambda: WorkerPool()) as pool:

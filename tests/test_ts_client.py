@@ -134,6 +134,7 @@ def _server_command(checkpoint: Path, *extra: str) -> list[str]:
     return [sys.executable, str(REPO / "server.py"), "--allow", str(checkpoint.parent), *extra]
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 def test_the_typescript_sdk_client_uses_every_tool_over_stdio(node_client: Path, checkpoint: Path):
     """Over stdio the TS client finds the Skills extension, calls each tool, gets valid results, progress, and cancels."""
     report = _run_node(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.owned import entered_in_own_task
 from torch_skills.runner.pool import WorkerPool
 from torch_skills.runner.zygote import WORKER_NICE
@@ -15,6 +17,7 @@ from torch_skills.runner.zygote import WORKER_NICE
 GATED = "tests.fixtures.gated_preload"
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_a_call_is_served_before_a_slow_tool_module_finishes_preloading(tmp_path, monkeypatch):
     """The worker reports ready after its first preload; a module still loading does not hold calls back."""
     gate = tmp_path / "gate"
@@ -30,6 +33,7 @@ async def test_a_call_is_served_before_a_slow_tool_module_finishes_preloading(tm
     assert job.result["gated_preload_loaded"] is False
 
 
+@pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 async def test_the_worker_and_its_children_run_at_lower_priority():
     """Tool runs are niced by WORKER_NICE, so the worker's torch import never slows the server's handshake."""
     async with entered_in_own_task(lambda: WorkerPool(max_concurrent=1)) as pool:

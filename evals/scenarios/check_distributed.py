@@ -31,6 +31,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="moe-experts-without-tokens-are-data-dependent-unused",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="check_distributed",
         arguments={"model": f"{M}:moe", "inputs": f"{M}:skewed_tokens"},
         expect=[

@@ -72,6 +72,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="does-not-fit-reports-the-largest-batch",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="estimate_memory",
         description="1 GiB is not enough for batch 64 of the deep model; the error finding and the max batch size say so.",
         arguments={

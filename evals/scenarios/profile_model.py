@@ -30,6 +30,7 @@ MOE_FORWARD_FLOPS = 2 * MOE_N * MOE_D * MOE_E + 2 * MOE_N * MOE_K * 3 * MOE_D * 
 SCENARIOS: list[Scenario] = [
     Scenario(
         id="profile-data-bound-sleepy-loader",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="a loader that sleeps 0.1 s per batch in front of a small MLP",
         arguments={
@@ -49,6 +50,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="profile-overhead-bound-tiny-ops",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="120 layers of elementwise ops on a (4, 16) tensor, trained with AdamW",
         arguments={"model": f"{MODELS}:tiny_ops", "input_shape": [4, 16]},
@@ -62,6 +64,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="profile-compute-bound-large-matmul",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="one (512, 1024) @ (1024, 1024) matmul per inference step",
         arguments={
@@ -80,6 +83,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="profile-memory-bound-elementwise",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="16 cheap elementwise ops streaming a 4 MiB tensor, inference",
         arguments={
@@ -98,6 +102,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="profile-host-sync-every-layer",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="8 small blocks that each call .item() on their activations",
         arguments={"model": f"{MODELS}:sync_every_layer", "input_shape": [16, 32], "cpu_threads": 1},
@@ -137,6 +142,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="profile-flops-exact-train",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="the same MLP trained: forward, input and weight gradients",
         arguments={"model": f"{MODELS}:flops_mlp", "input_shape": [B, IN]},
@@ -149,6 +155,7 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         id="profile-flops-fused-lstm",
+        slow=True,  # over 2 s: the README's quick set stays near 5 minutes
         tool="profile_model",
         description="a 2-layer LSTM tagger, forward only: the fused LSTM's gate matmuls are counted",
         arguments={
