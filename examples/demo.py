@@ -54,7 +54,7 @@ def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: 
     args = ", ".join(f"{k}={v!r}" for k, v in call.items())
     print(f"   call: {args}")
     if result.is_error:
-        print(f"   tool error: {_wrapped(result.content[0].text.splitlines()[0])}")
+        print(_wrapped(result.content[0].text.splitlines()[0], first="   tool error: "))
         return
     data = result.structured_content
     print(f"   summary: {data.get('summary')}")
@@ -68,9 +68,14 @@ def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: 
         )
 
 
-def _wrapped(text: str) -> str:
-    """The whole text, wrapped at 100 columns under the list item (never cut mid-word)."""
-    return textwrap.fill(" ".join(text.split()), width=100, subsequent_indent=" " * 7)
+def _wrapped(text: str, first: str = "   - ") -> str:
+    """The whole text after `first`, wrapped at 100 columns (never cut mid-word); its own line breaks
+    (code in a finding) are kept."""
+    out = []
+    for i, line in enumerate(text.splitlines() or [""]):
+        lead = first if i == 0 else " " * 7
+        out.append(textwrap.fill(line.strip(), width=100, initial_indent=lead, subsequent_indent=" " * 7))
+    return "\n".join(out)
 
 
 async def _demo(project: Path) -> None:

@@ -95,8 +95,10 @@ def test_the_demo_prints_whole_findings_wrapped_never_cut_mid_word():
 
     message = " ".join(f"word{i}" for i in range(120))
     wrapped = _wrapped(message)
-    assert " ".join(wrapped.split()) == message
+    assert wrapped.startswith("   - word0 ") and " ".join(wrapped.split()[1:]) == message
     assert all(len(line) <= 100 for line in wrapped.splitlines())
+    code = "Before load_state_dict:\nfrom x import y\ny(state_dict)"
+    assert _wrapped(code).splitlines()[1:] == ["       from x import y", "       y(state_dict)"]
 
 
 async def test_every_torch_tool_call_reports_progress_however_fast_it_ends(client: Client):

@@ -281,10 +281,15 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop the warm worker; its children die with it (they are killed on its stdin EOF)."""
         process, self._process = self._process, None
-        for folder in (self._deps_dir, self._package_dir):
-            if folder is not None:  # the running worker has its imports already
-                shutil.rmtree(folder, ignore_errors=True)
-        self._deps_dir = self._package_dir = None
+        folders, self._deps_dir, self._package_dir = (self._deps_dir, self._package_dir), None, None
+        try:
+            await self._stop(process)
+        finally:  # after the worker is gone: one still preloading imports through these folders
+            for folder in folders:
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+    async def _stop(self, process: Process | None) -> None:
         if process is None:
             return
         with anyio.CancelScope(shield=True):
