@@ -149,6 +149,7 @@ async def test_at_most_max_concurrent_calls_run_at_once_and_the_rest_queue(pool:
 
 async def test_the_warm_worker_is_restarted_after_it_dies(pool: WorkerPool):
     """Killing the warm worker costs one restart, not the server."""
+    await pool.run(f"{JOBS}:echo", {}, timeout_s=60)  # the worker is up, whatever ran before
     worker_pid = pool.worker_info["pid"]
     os.kill(worker_pid, signal.SIGKILL)
     assert await wait_gone(worker_pid)
