@@ -63,7 +63,7 @@ def _show(title: str, call: dict[str, Any], result: Any, seconds: float, extra: 
     for finding in data.get("findings", [])[:4]:
         print(
             _wrapped(
-                f"   - [{finding['severity']}] {finding['code']}: {finding['message']} (skill: {finding['skill']})"
+                f"[{finding['severity']}] {finding['code']}: {finding['message']} (skill: {finding['skill']})"
             )
         )
 
