@@ -12,19 +12,17 @@ import pytest
 import torch
 from torch import nn
 
+from tests.gradient_support import codes, line_in
 from torch_skills.gradients.analysis import depth_profile
 from torch_skills.gradients.bydesign import embedding_names
 from torch_skills.gradients.causes import operand_cause
 from torch_skills.gradients.lossinput import classify
 from torch_skills.gradients.models import (
-    GradientRequest,
     GradientResult,
     GradientThresholds,
     ParameterGradient,
 )
 from torch_skills.gradients.probe import ModuleActivity
-from torch_skills.gradients.worker import run
-from torch_skills.runner.child import JobContext
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUGS_FILE = REPO_ROOT / "tests" / "fixtures" / "gradient_real_bugs.py"
@@ -33,25 +31,7 @@ ZOO = str(REPO_ROOT / "tests" / "fixtures" / "gradient_zoo.py")
 
 
 def line_of(text: str) -> int:
-    for number, line in enumerate(BUGS_FILE.read_text().splitlines(), start=1):
-        if text in line:
-            return number
-    raise AssertionError(f"{text!r} not in the fixture")
-
-
-@pytest.fixture
-def check(tmp_path: Path):
-    """Run check_gradients in this process."""
-
-    def call(**arguments) -> GradientResult:
-        job = JobContext(tmp_path, "cpu", [str(REPO_ROOT)], str(REPO_ROOT))
-        return run(GradientRequest(**arguments), job)
-
-    return call
-
-
-def codes(result: GradientResult) -> list[str]:
-    return [f.code for f in result.findings]
+    return line_in(BUGS_FILE, text)
 
 
 def message(result: GradientResult, code: str) -> str:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_skills.gradients.models import FINDING_CODES, GradientRequest, GradientResult
-from torch_skills.gradients.worker import run
-from torch_skills.runner.child import JobContext
+from tests.gradient_support import codes, line_in
+from torch_skills.gradients.models import FINDING_CODES, GradientResult
 from torch_skills.runner.errors import UserCodeError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -17,26 +16,7 @@ ZOO = str(ZOO_FILE)
 
 
 def line_of(text: str) -> int:
-    """Line number of the first zoo line containing `text` (so tests do not hard-code line numbers)."""
-    for number, line in enumerate(ZOO_FILE.read_text().splitlines(), start=1):
-        if text in line:
-            return number
-    raise AssertionError(f"{text!r} not in the zoo")
-
-
-@pytest.fixture
-def check(tmp_path: Path):
-    """Run check_gradients in this process on a zoo request."""
-
-    def call(**arguments) -> GradientResult:
-        job = JobContext(tmp_path, "cpu", [str(REPO_ROOT)], str(REPO_ROOT))
-        return run(GradientRequest(**arguments), job)
-
-    return call
-
-
-def codes(result: GradientResult) -> list[str]:
-    return [f.code for f in result.findings]
+    return line_in(ZOO_FILE, text)
 
 
 def skill_of(result: GradientResult, code: str) -> str | None:
