@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.fixtures.checkpoint_corpus import dcp_save
+from tests.fixtures.checkpoint_corpus import dcp_save, dcp_with_item
 from tests.fixtures.checkpoint_models import TinyNet
 from tests.fixtures.container_payloads import (
     OBJECT_SPELLINGS,
@@ -42,23 +42,6 @@ def _write(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path
-
-
-def _dcp_with_item(folder: Path, item: bytes) -> Path:
-    """A DCP checkpoint whose non-tensor item 'epoch' is `item` (DCP torch.loads it, weights_only=False)."""
-    dcp_save({"model": TinyNet().state_dict(), "epoch": 3}, folder)
-    md = pickle.loads((folder / ".metadata").read_bytes())  # our own benign metadata, re-pointed
-    for index, info in md.storage_data.items():
-        if index.fqn == "epoch":
-            data_file = folder / info.relative_path
-            offset = data_file.stat().st_size
-            with open(data_file, "ab") as f:
-                f.write(item)
-            md.storage_data[index] = type(info)(
-                info.relative_path, offset, len(item), info.transform_descriptors
-            )
-    (folder / ".metadata").write_bytes(pickle.dumps(md))
-    return folder
 
 
 def _malicious(root: Path) -> list[Sample]:
@@ -99,7 +82,7 @@ def _malicious(root: Path) -> list[Sample]:
         )
     )
     out.append(
-        ("torch zip read as torch reads it", "dcp_bytes_item_upper_crc", _dcp_with_item(root / "dcp", upper))
+        ("torch zip read as torch reads it", "dcp_bytes_item_upper_crc", dcp_with_item(root / "dcp", upper))
     )
     legacy = tar_bytes(
         {

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from tests.checkpoint_support import scratch_dir
-from tests.fixtures.checkpoint_corpus import dcp_save
-from tests.fixtures.checkpoint_models import TinyNet
+from tests.fixtures.checkpoint_corpus import dcp_with_item
 from tests.fixtures.container_payloads import (
     OBJECT_SPELLINGS,
     PAYLOAD,
@@ -154,20 +153,8 @@ def test_a_member_that_does_not_inflate_is_a_finding_not_skipped(tmp_path):
 
 def test_a_dcp_bytes_item_that_is_an_upper_case_bad_crc_zip_is_unsafe(tmp_path):
     """DCP's default planner torch.loads bytes items with weights_only=False: that zip is scanned too."""
-    folder = tmp_path / "ckpt"
-    dcp_save({"model": TinyNet().state_dict(), "epoch": 3}, folder)
     item = break_crc(torch_zip({"archive/DATA.PKL": PAYLOAD, "archive/version": b"3\n"}), b"archive/DATA.PKL")
-    md = pickle.loads((folder / ".metadata").read_bytes())  # our own benign metadata, re-pointed
-    for index, info in md.storage_data.items():
-        if index.fqn == "epoch":
-            data_file = folder / info.relative_path
-            offset = data_file.stat().st_size
-            with open(data_file, "ab") as f:
-                f.write(item)
-            md.storage_data[index] = type(info)(
-                info.relative_path, offset, len(item), info.transform_descriptors
-            )
-    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    folder = dcp_with_item(tmp_path / "ckpt", item)
     verdict, names, codes = verdict_and_globals(folder)
     assert verdict == "unsafe" and "posix.system" in names and "dcp_bytes_item_unsafe" in codes
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_skills.profiling.classify import COUNT_FACTOR, StepEvidence, classify
+from tests.profile_support import evidence
+from torch_skills.profiling.classify import COUNT_FACTOR, classify
 from torch_skills.profiling.findings import findings_for
 from torch_skills.profiling.models import ProfileRequest, ProfileResult
 from torch_skills.profiling.worker import run
@@ -17,25 +18,6 @@ from torch_skills.runner.child import JobContext
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO_MODELS = REPO / "evals" / "models" / "profile_model_scenarios.py"
-
-
-def evidence(**changes) -> StepEvidence:
-    """A 10 ms CPU step of long matmuls at the attainable rate; `changes` override any figure."""
-    base = dict(
-        on_gpu=False,
-        step_time_s=0.010,
-        data_wait_share=None,
-        work_fraction=0.9,
-        flops_per_step=1e9,
-        attainable_flops_per_s=1e11,
-        bytes_per_step=1e6,
-        attainable_bytes_per_s=1e10,
-        ops_per_step=40,
-        median_op_time_s=1e-3,
-        per_op_overhead_s=2e-6,
-        host_syncs_per_step=0,
-    )
-    return StepEvidence(**{**base, **changes})
 
 
 # -- uncertainty from figures load does not change ---------------------------------------------------

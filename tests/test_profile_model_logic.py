@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.profile_support import evidence
 from torch_skills.profiling.calibrate import calibrate
 from torch_skills.profiling.categories import op_category
-from torch_skills.profiling.classify import StepEvidence, classify
+from torch_skills.profiling.classify import classify
 from torch_skills.profiling.compiled import compare_compiled
 from torch_skills.profiling.findings import findings_for
 from torch_skills.profiling.models import CompileReport, ProfileRequest, ProfileResult
@@ -117,22 +118,6 @@ def test_optimizer_ops_count_as_optimizer_but_syncs_stay_syncs():
 
 
 # -- the verdict ---------------------------------------------------------------------------------
-def evidence(**changes) -> StepEvidence:
-    base = dict(
-        on_gpu=False,
-        step_time_s=0.010,
-        data_wait_share=None,
-        work_fraction=0.9,
-        flops_per_step=1e9,
-        attainable_flops_per_s=1e11,
-        bytes_per_step=1e6,
-        attainable_bytes_per_s=1e10,
-        ops_per_step=40,
-        median_op_time_s=1e-3,
-        per_op_overhead_s=2e-6,
-        host_syncs_per_step=0,
-    )
-    return StepEvidence(**{**base, **changes})
 
 
 def test_a_step_mostly_waiting_on_the_loader_is_data_bound():

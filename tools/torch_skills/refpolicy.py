@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch_skills.denylist import ReferenceRefused, refuse_by_name, refuse_object
-from torch_skills.userspec import CodeRef
+from torch_skills.userspec import REFERENCE_FIELDS, CodeRef
 
 __all__ = [
     "FACTORIES",
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 Role = Literal["model", "inputs", "loss", "data", "function"]
-ROLES: tuple[Role, ...] = ("model", "inputs", "loss", "data", "function")
+ROLES: tuple[Role, ...] = REFERENCE_FIELDS  # the request fields that name code (userspec)
 
 RULE_MODEL = (
     "`model` may name (a) a factory or class in a file under an allowed root ('path/to/models.py:build', "

@@ -209,10 +209,11 @@ class ServerState:
     roots: AllowedRoots
     pool: WorkerPool  # runs calls that name project code, under the project's interpreter
     memory_limit_bytes: int
-    heartbeat_s: float = DEFAULT_HEARTBEAT_S  # longest silence during a torch-tool call, seconds
     # Runs calls that name only files (verify_checkpoint without model) under the server's own
-    # interpreter; `pool` itself when that is the project's; None when the server has no torch.
-    own_pool: WorkerPool | None = None
+    # interpreter: `pool` itself when that is the project's; one started --without-torch when the
+    # server has no torch (`torch_tools.WITHOUT_TORCH`).
+    own_pool: WorkerPool
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S  # longest silence during a torch-tool call, seconds
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ def build_server(
                 )
             if prewarm and not worker_python.found_in_folder:  # a detected one runs only when asked
                 pool.prewarm(delay_s=PREWARM_DELAY_S)
-            yield ServerState(pack, roots, pool, memory_limit, heartbeat_s=heartbeat, own_pool=own_pool)
+            yield ServerState(pack, roots, pool, memory_limit, own_pool, heartbeat_s=heartbeat)
 
     mcp = TorchSkillsServer(
         "torch-skills",

@@ -291,16 +291,6 @@ def names_project_code(request: BaseModel) -> bool:
 WITHOUT_TORCH = {"torch_skills.checkpoint.worker:run": "torch_skills.checkpoint.static_only:run"}
 
 
-def files_only_without_torch(tool: str) -> str:
-    return (
-        f"{tool} names only files, which are checked under the server's own Python, and that has no torch, so "
-        "nothing was loaded: the static scan, the tensor summary, the NaN/Inf count and the resume checks were "
-        "skipped. To run them, install torch into the server's environment, or pass model='path/to/file.py:build' "
-        "(runs under your project's interpreter), or restart the server with --python pointing at an "
-        "interpreter that has torch."
-    )
-
-
 async def run_in_worker(
     ctx: Context,
     fn: str,
@@ -337,12 +327,8 @@ async def run_in_worker(
         await ctx.report_progress(done, total, wire_safe(message) if message is not None else None)
 
     pool = state.pool if names_project_code(request) else state.own_pool
-    if pool is None:
-        raise ToolError(files_only_without_torch(label or fn))
-    if pool.without_torch:  # the server was installed without torch: the torch-free path, if the tool has one
-        if fn not in WITHOUT_TORCH:
-            raise ToolError(files_only_without_torch(label or fn))
-        fn = WITHOUT_TORCH[fn]
+    if pool.without_torch:  # installed without torch: the torch-free variant (the worker refuses others)
+        fn = WITHOUT_TORCH.get(fn, fn)
     limit = int(memory_limit_gib * 2**30) if memory_limit_gib else state.memory_limit_bytes
     async with Heartbeat(progress, label=label or fn, interval_s=state.heartbeat_s) as beat:
         # One notification at once, so every call reports progress however fast it ends (a client

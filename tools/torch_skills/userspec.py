@@ -92,6 +92,11 @@ class CodeRef(BaseModel):
         return self.path if self.path is not None else str(self.module)
 
 
+# Fields that name code: the shared ones, plus `data` (profile_model, check_distributed) and
+# `function` (check_gradients) on the requests that have them.
+REFERENCE_FIELDS = ("model", "inputs", "loss", "data", "function")
+
+
 class ModelInputs(BaseModel):
     """Which model to build and what to feed it: the fields every torch tool shares."""
 
@@ -120,15 +125,9 @@ class ModelInputs(BaseModel):
     )
     device: Device = Field(default="auto", description="'auto' uses CUDA when present, else CPU")
 
-    @field_validator("model")
+    @field_validator(*REFERENCE_FIELDS, check_fields=False)  # a request type may lack data/function
     @classmethod
-    def _model_is_a_reference(cls, value: str) -> str:
-        CodeRef.parse(value)
-        return value
-
-    @field_validator("inputs", "loss")
-    @classmethod
-    def _optional_reference(cls, value: str | None) -> str | None:
+    def _is_a_reference(cls, value: str | None) -> str | None:
         if value is not None:
             CodeRef.parse(value)
         return value
@@ -153,10 +152,9 @@ class ModelInputs(BaseModel):
         return self
 
     def code_refs(self) -> list[CodeRef]:
-        """Every reference in this request, for the allowed-roots check."""
-        refs = [CodeRef.parse(self.model)]
-        refs += [CodeRef.parse(r) for r in (self.inputs, self.loss) if r is not None]
-        return refs
+        """Every reference in this request (REFERENCE_FIELDS it has and sets), for the allowed-roots check."""
+        raw = (getattr(self, name, None) for name in REFERENCE_FIELDS)
+        return [CodeRef.parse(r) for r in raw if r is not None]
 
     def named_paths(self) -> list[str]:
         """Every file path the request names, for the allowed-roots check (module references are

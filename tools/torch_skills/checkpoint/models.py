@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from torch_skills.results import BatchRule, Finding, RunInfo
-from torch_skills.userspec import CodeRef, ModelInputs
+from torch_skills.userspec import ModelInputs
 
 CheckpointFormat = Literal[
     "torch_zip",  # torch.save (zip, torch >= 1.6): .pt .pth .ckpt .bin
@@ -89,13 +89,6 @@ class VerifyCheckpointRequest(ModelInputs):
     )
     max_listed: int = Field(default=50, ge=1, le=2000, description="longest list of keys/tensors returned")
 
-    @field_validator("model")
-    @classmethod
-    def _model_is_a_reference(cls, value: str | None) -> str | None:
-        if value is not None:
-            CodeRef.parse(value)
-        return value
-
     @model_validator(mode="after")
     def _needs_some_input(self) -> VerifyCheckpointRequest:
         if self.load_and_run:
@@ -106,9 +99,6 @@ class VerifyCheckpointRequest(ModelInputs):
                     "load_and_run needs inputs ('file.py:make_inputs') or input_shape (e.g. [8, 3, 32, 32])"
                 )
         return self
-
-    def code_refs(self) -> list[CodeRef]:
-        return [CodeRef.parse(r) for r in (self.model, self.inputs, self.loss) if r is not None]
 
     def named_paths(self) -> list[str]:
         """The checkpoint and every code file, for the allowed-roots check."""

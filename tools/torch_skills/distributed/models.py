@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from torch_skills.results import BatchRule, Finding, RunInfo
-from torch_skills.userspec import CodeRef, ModelInputs
+from torch_skills.userspec import ModelInputs
 
 Kind = Literal[
     "unused_parameters",
@@ -55,13 +55,6 @@ class DistributedRequest(ModelInputs):
     )
     seed: int = Field(default=0, description="torch.manual_seed in every rank before the build")
 
-    @field_validator("data")
-    @classmethod
-    def _data_is_a_reference(cls, value: str | None) -> str | None:
-        if value is not None:
-            CodeRef.parse(value)
-        return value
-
     @model_validator(mode="after")
     def _needs_some_input(self) -> DistributedRequest:
         if self.inputs is None and self.input_shape is None and self.data is None:
@@ -70,12 +63,6 @@ class DistributedRequest(ModelInputs):
                 "(e.g. [8, 16], the global batch: each rank gets input_shape[0] / world_size rows)"
             )
         return self
-
-    def code_refs(self) -> list[CodeRef]:
-        refs = super().code_refs()
-        if self.data is not None:
-            refs.append(CodeRef.parse(self.data))
-        return refs
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from torch_skills.results import BatchRule, Finding, RunInfo
-from torch_skills.userspec import CodeRef, ModelInputs
+from torch_skills.userspec import ModelInputs
 
 FINDING_CODES: dict[str, str] = {
     "nonfinite_input": "the input batch already holds NaN/Inf before the model runs",
@@ -98,20 +98,6 @@ class GradientRequest(ModelInputs):
     )
     thresholds: GradientThresholds = Field(default_factory=GradientThresholds)
 
-    @field_validator("model")
-    @classmethod
-    def _model_is_a_reference(cls, value: str | None) -> str | None:  # overrides ModelInputs' check
-        if value is not None:
-            CodeRef.parse(value)
-        return value
-
-    @field_validator("function")
-    @classmethod
-    def _function_is_a_reference(cls, value: str | None) -> str | None:
-        if value is not None:
-            CodeRef.parse(value)
-        return value
-
     @model_validator(mode="after")
     def _model_or_function(self) -> GradientRequest:
         if (self.model is None) == (self.function is None):
@@ -120,11 +106,6 @@ class GradientRequest(ModelInputs):
                 "('file.py:MyFunction', runs gradcheck on it)"
             )
         return self
-
-    def code_refs(self) -> list[CodeRef]:
-        """Every reference in this request, for the allowed-roots check."""
-        raw = (self.model, self.function, self.inputs, self.loss)
-        return [CodeRef.parse(r) for r in raw if r is not None]
 
 
 # ------------------------------------------------------------------------------------------------

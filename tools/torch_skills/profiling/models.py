@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from torch_skills.results import BatchRule, Finding, RunInfo
-from torch_skills.userspec import CodeRef, Mode, ModelInputs, Precision
+from torch_skills.userspec import Mode, ModelInputs, Precision
 
 Optimizer = Literal["adamw", "sgd"]
 BatchInput = Literal["auto", "whole", "first"]
@@ -69,13 +69,6 @@ class ProfileRequest(ModelInputs):
         "timings stable on a machine shared with other jobs",
     )
 
-    @field_validator("data")
-    @classmethod
-    def _data_is_a_reference(cls, value: str | None) -> str | None:
-        if value is not None:
-            CodeRef.parse(value)
-        return value
-
     @field_validator("trace_path")
     @classmethod
     def _trace_is_json(cls, value: str | None) -> str | None:
@@ -92,12 +85,6 @@ class ProfileRequest(ModelInputs):
                 "give data ('file.py:make_loader'), inputs ('file.py:make_inputs') or input_shape (e.g. [8, 3, 32, 32])"
             )
         return self
-
-    def code_refs(self) -> list[CodeRef]:
-        refs = super().code_refs()
-        if self.data is not None:
-            refs.append(CodeRef.parse(self.data))
-        return refs
 
     def named_paths(self) -> list[str]:
         """Every file path the request names (code files and the trace), for the allowed-roots check."""

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from torch_skills.runner import libraries, proctree, protocol
+from torch_skills.runner import interpreter, libraries, proctree, protocol
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -315,7 +315,7 @@ def _set_import_path() -> None:
     worker's dependencies (`interpreter.WORKER_PATH_ENV`): a copy the user's environment has wins."""
     if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.realpath(os.getcwd()):
         del sys.path[0]
-    extra = [p for p in os.environ.pop("TORCH_SKILLS_WORKER_PATH", "").split(os.pathsep) if p]
+    extra = [p for p in os.environ.pop(interpreter.WORKER_PATH_ENV, "").split(os.pathsep) if p]
     sys.path.extend(p for p in extra if p not in sys.path)
 
 
