@@ -370,17 +370,23 @@ def gpu_tests(env: dict, timeout: float) -> dict:
 
 
 def skill_blocks(timeout: float) -> dict:
-    """The skills' CUDA-only blocks, each run as a script (bench/gpu/skillblocks.py)."""
+    """The skills' CUDA-only blocks, each run as a script (bench/gpu/skillblocks.py, one JSON line per block)."""
+    cmd = [sys.executable, str(REPO / "bench" / "gpu" / "skillblocks.py")]
+    status = None
     try:
-        p = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "skillblocks.py")], capture_output=True,
-                           text=True, timeout=timeout, cwd=REPO)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {"status": "timed out", "blocks": []}
-    try:
-        blocks = json.loads(p.stdout)
-    except json.JSONDecodeError:
-        return {"status": f"exit {p.returncode}", "blocks": [], "tail": (p.stdout + p.stderr)[-2000:]}
-    return {"status": f"{sum(b['passed'] for b in blocks)}/{len(blocks)} passed", "blocks": blocks}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        stdout, tail = p.stdout, p.stderr[-2000:]
+    except subprocess.TimeoutExpired as e:
+        stdout, tail, status = (
+            (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""),
+            "",
+            "timed out",
+        )
+    blocks = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    ran = [b for b in blocks if b["passed"] is not None]
+    summary = f"{sum(b['passed'] for b in ran)}/{len(ran)} passed, {len(blocks) - len(ran)} need several GPUs"
+    summary += f" ({status})" if status else ""
+    return {"status": summary, "blocks": blocks, "tail": tail}
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -464,9 +470,10 @@ def markdown(report: dict) -> str:
         )
     b = report.get("skill_blocks", {"status": "not run", "blocks": []})
     lines += ["", "## The skills' CUDA blocks, each run as a script", "", b["status"], ""]
-    lines += [f"- {'pass' if x['passed'] else 'FAIL'} {x['block']} ({x['seconds']} s)" for x in b["blocks"]]
+    word = {True: "pass", False: "FAIL", None: "not run"}
+    lines += [f"- {word[x['passed']]} {x['block']} ({x['seconds']} s)" for x in b["blocks"]]
     for x in b["blocks"]:
-        if not x["passed"]:
+        if x["passed"] is False:
             lines += ["", f"{x['block']}:", "```", x["detail"][-800:], "```"]
     t = report["gpu_tests"]
     lines += ["", "## GPU-marked tests", "", f"{t['status']}" + (f": {t['reason']}" if "reason" in t else ""),

@@ -377,7 +377,7 @@ class WorkerPool:
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "ready":
-            self._info = {k: event.get(k) for k in ("torch", "cuda", "pid", "python", "python_version")}
+            self._info = {k: event.get(k) for k in ("torch", "pid", "python", "python_version")}
             self._ready.set()
             return
         if kind == "preload_unsafe":  # the worker exits next: the next call starts a fresh one

@@ -53,9 +53,8 @@ class _Job:
 
 
 class Zygote:
-    def __init__(self, out_fd: int, cuda_available: bool, pending_preloads: list[str] | None = None):
+    def __init__(self, out_fd: int, pending_preloads: list[str] | None = None):
         self.out_fd = out_fd
-        self.cuda_available = cuda_available
         self.pending_preloads = list(pending_preloads or ())  # imported while no call is running
         self.jobs: dict[str, _Job] = {}
         self.by_pid: dict[int, _Job] = {}
@@ -85,13 +84,11 @@ class Zygote:
     def start(self, message: dict) -> None:
         from torch_skills.runner import child
 
-        device = message.get("device", "auto")
-        resolved = "cuda" if device == "cuda" or (device == "auto" and self.cuda_available) else "cpu"
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: never returns
             os.close(read_fd)
-            child.run_child(message, write_fd, resolved, self.out_fd)
+            child.run_child(message, write_fd, self.out_fd)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         job = _Job(message["job"], pid, read_fd, int(message.get("memory_limit_bytes", 0)))
@@ -335,13 +332,12 @@ class _TorchlessZygote(Zygote):
 
 def _serve_without_torch(out_fd: int) -> None:
     """The worker of a server installed without torch: static checks only (see TORCHLESS_FUNCTIONS)."""
-    zygote = _TorchlessZygote(out_fd, False)
+    zygote = _TorchlessZygote(out_fd)
     zygote.send(
         {
             "event": "ready",
             "pid": os.getpid(),
             "torch": "",
-            "cuda": False,
             "python": sys.executable,
             "python_version": platform.python_version(),
         }
@@ -360,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     proctree.become_subreaper()  # a job's escaped descendants land here when the job ends
     sys.dont_write_bytecode = True  # never leave __pycache__ in the user's project
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # ...nor from the processes the user's code starts
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a child's is_available() leaves CUDA to its own use
 
     problem = environment_problem()
     if problem is not None and "--without-torch" in argv and _torch_missing():
@@ -384,14 +380,14 @@ def main(argv: list[str] | None = None) -> None:
     # module is preloaded imports it itself.
     if preload:
         _preload(preload.pop(0))
-    cuda = bool(torch.cuda.is_available())
-    zygote = Zygote(out_fd, cuda, pending_preloads=preload)
+    # No torch.cuda call here: a driver (or NVML) set up in this process is unusable in the children it
+    # forks ("CUDA error: initialization error", measured on an H100). Each child resolves its device.
+    zygote = Zygote(out_fd, pending_preloads=preload)
     zygote.send(
         {
             "event": "ready",
             "pid": os.getpid(),
             "torch": torch.__version__,
-            "cuda": cuda,
             "python": sys.executable,
             "python_version": platform.python_version(),
         }
