@@ -356,7 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     proctree.become_subreaper()  # a job's escaped descendants land here when the job ends
     sys.dont_write_bytecode = True  # never leave __pycache__ in the user's project
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # ...nor from the processes the user's code starts
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a child's is_available() leaves CUDA to its own use
+    os.environ.setdefault(
+        "PYTORCH_NVML_BASED_CUDA_CHECK", "1"
+    )  # a child's is_available() leaves CUDA to its own use
 
     problem = environment_problem()
     if problem is not None and "--without-torch" in argv and _torch_missing():
