@@ -524,7 +524,7 @@ def main() -> None:
     mcases = memory_cases(cuda, env["transformers"]) if "memory" in phases else []
     if not cuda:
         mcases = [c for c in mcases if c["name"] in ("mlp", "tiny_gpt")][:3]
-    mem_deadline = time.monotonic() + (0.45 if cuda else 0.6) * args.budget_s
+    mem_deadline = time.monotonic() + (0.42 if cuda else 0.6) * args.budget_s
     report = {"environment": env, "pydantic": pyd, "device": device, "wall_s": 0.0, "memory": [], "profile": [],
               "gpu_tests": {"status": "not run yet", "files": []},
               "skill_blocks": {"status": "not run yet", "blocks": []}}  # fmt: skip
@@ -541,11 +541,11 @@ def main() -> None:
         flush=True,
     )
     pcases = profile_cases(cuda) if "profile" in phases else []
-    report["profile"] = profile_phase(pcases, device, start + 0.6 * args.budget_s) if pcases else []
+    report["profile"] = profile_phase(pcases, device, start + 0.55 * args.budget_s) if pcases else []
     write()
     print(f"profile: done at {time.time() - start:.0f} s", flush=True)
     report["skill_blocks"] = (
-        skill_blocks(max(10.0, start + 0.72 * args.budget_s - time.time()))
+        skill_blocks(max(10.0, start + 0.78 * args.budget_s - time.time()))
         if cuda and "blocks" in phases
         else {"status": "not run: " + ("no CUDA device" if not cuda else "not asked"), "blocks": []}
     )
