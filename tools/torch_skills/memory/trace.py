@@ -39,6 +39,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from torch_skills.memory.construct import fake_safe_construction, fakeify_real_tensors
+from torch_skills.memory.cudakernels import CudaKernelModel
 from torch_skills.memory.ledger import StorageLedger
 from torch_skills.memory.modules import ModuleScope
 from torch_skills.memory.probes import KernelProbe
@@ -86,6 +87,7 @@ class Trace:
         0  # kernels run for real to measure their scratch / workspace (torch_skills.memory.probes)
     )
     kernels_not_probed: int = 0  # probes skipped for size or time: their scratch is missing
+    kernel_gpu: str | None = None  # the GPU whose CUDA kernel scratch was modelled (cudakernels.GpuSpec)
 
 
 def fake_mode():
@@ -105,8 +107,12 @@ def trace_step(
     batch_size: int | None = None,
     fake: bool = True,
     probe_scratch: bool = True,
+    cuda_kernels: CudaKernelModel | None = None,
 ) -> Trace:
-    """Build the model and a batch, run the step, return the ledger's trace (see module docstring)."""
+    """Build the model and a batch, run the step, return the ledger's trace (see module docstring).
+
+    `cuda_kernels` (for a CUDA target) adds the scratch of CUDA kernels that fake tensors cannot see.
+    """
     device = torch.device(device)
     outer = fake_mode() if fake else contextlib.nullcontext()
     with outer:
@@ -127,7 +133,7 @@ def trace_step(
 
         scope = ModuleScope(model)
         probe = KernelProbe(device, scratch=probe_scratch) if fake else None
-        ledger = StorageLedger(scope, probe)
+        ledger = StorageLedger(scope, probe, cuda_kernels)
         _adopt_state(ledger, model, batch, optimizer)
         with scope, ledger:
             if spec.mode == "train":
@@ -155,6 +161,7 @@ def trace_step(
         checkpointed_modules=checkpointed,
         kernels_probed=probe.probed if probe is not None else 0,
         kernels_not_probed=probe.skipped if probe is not None else 0,
+        kernel_gpu=cuda_kernels.gpu.name if cuda_kernels is not None else None,
     )
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from torch_skills.memory.construct import describe_trace_failure, fake_safe_construction
+from torch_skills.memory.cudakernels import CudaKernelModel, GpuSpec
 from torch_skills.memory.estimate import Estimate, Target, estimate_trace, extrapolate
 from torch_skills.memory.findings import Facts, memory_findings, memory_summary
 from torch_skills.memory.models import (
@@ -141,6 +142,8 @@ class _Tracer:
     ):
         self.request, self.job, self.spec, self.device = request, job, spec, device
         self.probe_scratch = probe_scratch
+        # CUDA kernels' own scratch (reductions), sized for the local GPU or an H100
+        self.kernels = CudaKernelModel(GpuSpec.local_or_default()) if request.target_device == "cuda" else None
         self.model: torch.nn.Module | None = None  # the last model built (the batch rule reads its forward)
         self.rule: BatchRule | None = None  # how the last batch was fed and the loss taken
 
@@ -184,6 +187,7 @@ class _Tracer:
                     batch_size=batch_size,
                     fake=fake,
                     probe_scratch=self.probe_scratch,
+                    cuda_kernels=self.kernels,
                 )
             except CheckpointTargetMissing as exc:  # the request is wrong, not the code: no fallback
                 raise UserCodeError("bad_request", str(exc)) from exc
@@ -418,6 +422,10 @@ def _assumptions(
     if trace.kernels_probed:
         out.append(
             f"{trace.kernels_probed} convolution/RNN kernel signatures were run once for real to measure scratch and workspace"
+        )
+    if trace.kernel_gpu:
+        out.append(
+            f"CUDA kernel scratch (reductions over outer dims, e.g. bias gradients) sized for {trace.kernel_gpu}'s SM count"
         )
     out += est.assumptions
     return out

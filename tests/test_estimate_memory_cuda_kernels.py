@@ -1,0 +1,86 @@
+"""CUDA-only memory that a fake-tensor trace cannot see, checked on CPU against figures measured on an H100.
+
+The figures come from bench/gpu/results/peakdiff.json (torch 2.11+cu130, H100 80GB HBM3, 132 SMs): the
+allocator's in-op peak above the inputs during each `sum` that computes a Linear bias gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_skills.memory.cudakernels import CudaKernelModel, GpuSpec, outer_reduction_buffers
+from torch_skills.memory.estimate import Target, estimate_trace
+from torch_skills.memory.ledger import ALLOC, OP
+from torch_skills.memory.trace import StepSpec, trace_step
+from torch_skills.runner.usercode import default_loss
+
+H100 = GpuSpec(sm_count=132, threads_per_sm=2048, name="H100")
+
+# (rows reduced, bias width, bytes measured inside the op on the H100)
+MEASURED_BIAS_GRAD_SCRATCH = [
+    (32 * 197, 384, 19_464_204),  # ViT-S/16, batch 32: attention output projection
+    (32 * 197, 1152, 58_392_612),  # ViT-S/16: fused qkv
+    (32 * 197, 1536, 77_856_816),  # ViT-S/16: MLP fc1
+    (16 * 512, 768, 50_331_672),  # nn.TransformerEncoder 768 wide, batch 16 x 512
+    (16 * 512, 3072, 138_412_128),  # its feed-forward linear1
+    (16 * 512, 2304, 139_198_536),  # its in_proj (3 x 768)
+    (8 * 512, 768, 25_165_848),  # BERT-base width, batch 8 x 512
+    (8 * 512, 3072, 100_663_392),  # BERT intermediate
+    (8 * 512, 8192, 138_412_288),  # BERT MLM decoder over an 8192 vocabulary
+]
+
+
+@pytest.mark.parametrize(("rows", "width", "measured"), MEASURED_BIAS_GRAD_SCRATCH)
+def test_the_reduction_model_gives_the_bias_gradient_scratch_measured_on_an_h100(rows, width, measured):
+    """setReduceConfig's global buffer plus semaphores equals, to the byte, what the H100 allocated inside sum(0)."""
+    assert sum(outer_reduction_buffers(rows, width, 4, H100)) == measured
+
+
+def test_a_reduction_that_fills_the_gpu_without_splitting_needs_no_buffer():
+    """A sum(0) over 8 rows is done by one block per output column: no global-memory buffer."""
+    assert outer_reduction_buffers(8, 4096, 4, H100) == []
+
+
+def vit_mlp():
+    return torch.nn.Linear(384, 1536)
+
+
+def vit_tokens(batch_size=None):
+    return torch.randn(batch_size or 32, 197, 384)  # (B, T, C) as in ViT-S/16
+
+
+def mean_loss(output, batch):
+    return default_loss(output)
+
+
+def test_a_cuda_target_counts_the_bias_gradient_scratch_of_a_bf16_linear():
+    """A bf16 Linear(384, 1536) on 32 x 197 tokens: the trace for CUDA holds the 77,856,816 B sum(0) takes on an H100."""
+    spec = StepSpec(precision="bf16", optimizer="sgd", foreach=True)
+    plain = trace_step(vit_mlp, vit_tokens, mean_loss, spec)
+    modelled = trace_step(vit_mlp, vit_tokens, mean_loss, spec, cuda_kernels=CudaKernelModel(H100))
+    scratch, seen = [], False
+    for tag, value in modelled.events:
+        if tag == OP:
+            seen = seen or value.op == "sum (kernel scratch)"
+            if seen:
+                break
+            scratch = []
+        elif tag == ALLOC:
+            scratch.append(value.nbytes)
+    assert seen and scratch[-2:] == [77_856_768, 48]
+    assert modelled.kernel_gpu == "H100"
+    before = estimate_trace(plain, Target(cuda=True, hopper=True))
+    after = estimate_trace(modelled, Target(cuda=True, hopper=True))
+    assert before.op != "sum (kernel scratch)"
+    assert after.op == "sum (kernel scratch)"  # the step now peaks inside the bias-gradient sum
+    assert after.breakdown["temporaries"] >= 77_856_768 + 512  # the semaphores take a 512 B block
+    assert after.peak_allocated > before.peak_allocated
+
+
+def test_without_a_cuda_target_no_kernel_scratch_is_added():
+    """trace_step without cuda_kernels (a CPU target) records no modelled scratch for the same sum."""
+    spec = StepSpec(precision="bf16", optimizer="sgd")
+    trace = trace_step(vit_mlp, vit_tokens, mean_loss, spec)
+    assert not any(tag == OP and "kernel scratch" in value.op for tag, value in trace.events)
+    assert trace.kernel_gpu is None
