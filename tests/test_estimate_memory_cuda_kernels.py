@@ -84,3 +84,43 @@ def test_without_a_cuda_target_no_kernel_scratch_is_added():
     trace = trace_step(vit_mlp, vit_tokens, mean_loss, spec)
     assert not any(tag == OP and "kernel scratch" in value.op for tag, value in trace.events)
     assert trace.kernel_gpu is None
+
+
+def small_mlp(bias=True):
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 64, bias=bias), torch.nn.ReLU(), torch.nn.Linear(64, 64, bias=bias)
+    )
+
+
+def rows(batch_size=None):
+    return torch.randn(batch_size or 8, 64)  # (B, C)
+
+
+LT = 1024 * 1024  # CUBLASLT_WORKSPACE_SIZE default
+SM90_CUBLAS = 32 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("bias", "spec", "expected"),
+    [
+        (True, StepSpec(mode="inference", optimizer="none"), SM90_CUBLAS + LT),  # one thread runs addmm
+        (False, StepSpec(mode="inference", optimizer="none"), SM90_CUBLAS),  # mm only: no cuBLASLt
+        (True, StepSpec(optimizer="sgd", foreach=True), 2 * SM90_CUBLAS + LT),  # backward runs mm, not addmm
+        (
+            True,
+            StepSpec(optimizer="sgd", foreach=True, checkpoint_classes=("Sequential",)),
+            2 * SM90_CUBLAS + 2 * LT,
+        ),  # the recomputed forward runs addmm on autograd's thread too
+    ],
+)
+def test_a_biased_linear_adds_one_mib_of_cublaslt_workspace_per_thread_that_runs_it(bias, spec, expected):
+    """As measured on an H100: +1 MiB per thread running addmm (ViT, BERT), +2 MiB with checkpointing (GPT), none for mm."""
+    trace = trace_step(lambda: small_mlp(bias), rows, mean_loss, spec)
+    est = estimate_trace(trace, Target(cuda=True, hopper=True, training=spec.mode == "train"))
+    assert est.workspace_bytes == expected
+
+
+def test_the_cuda_context_is_the_figure_measured_on_an_h100():
+    """The CUDA context stated for a CUDA target is the 684.8 MiB measured on an H100 (CUDA 13), rounded up to 685 MiB."""
+    trace = trace_step(small_mlp, rows, mean_loss, StepSpec(mode="inference", optimizer="none"))
+    assert estimate_trace(trace, Target(cuda=True)).context_bytes == 685 * 2**20

@@ -76,7 +76,12 @@ class CudaKernelModel:
     def _reduction(self, args, kwargs) -> list[int]:
         x = args[0]
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not x.is_contiguous() or x.dim() == 0:
+        if (
+            not isinstance(x, torch.Tensor)
+            or not x.is_floating_point()
+            or not x.is_contiguous()
+            or x.dim() == 0
+        ):
             return []
         if not dims:  # a full reduction: one output, a buffer of a few bytes
             return []
