@@ -124,3 +124,29 @@ def test_the_cuda_context_is_the_figure_measured_on_an_h100():
     """The CUDA context stated for a CUDA target is the 684.8 MiB measured on an H100 (CUDA 13), rounded up to 685 MiB."""
     trace = trace_step(small_mlp, rows, mean_loss, StepSpec(mode="inference", optimizer="none"))
     assert estimate_trace(trace, Target(cuda=True)).context_bytes == 685 * 2**20
+
+
+# (query shape (B, H, T, D), bytes measured inside _scaled_dot_product_cudnn_attention_backward on the H100)
+MEASURED_CUDNN_ATTENTION_SCRATCH = [
+    ((32, 6, 197, 64), 9_834_496),  # ViT-S/16, batch 32, bf16
+    ((8, 12, 512, 64), 12_779_776),  # BERT-base width, batch 8 x 512, bf16
+    ((16, 12, 512, 64), 25_559_296),  # nn.TransformerEncoder, batch 16 x 512, bf16
+    ((8, 12, 1024, 64), 25_559_296),  # GPT 768 wide, batch 8 x 1024, bf16 autocast
+]
+
+
+@pytest.mark.parametrize(("shape", "measured"), MEASURED_CUDNN_ATTENTION_SCRATCH)
+def test_the_cudnn_attention_backward_workspace_is_the_size_measured_on_an_h100(shape, measured):
+    """cuDNN SDPA backward: fp32 dQ accumulator + fp32 row statistics + 256 B, as measured, from shapes alone."""
+    q = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    func = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
+    assert sum(CudaKernelModel(H100).scratch(func, (q, q, q, q, q), {})) == measured
+
+
+def test_the_cuda_attention_backward_kernels_are_probed_for_their_workspace():
+    """On a CUDA trace the flash and memory-efficient SDPA backward kernels are run once to measure their scratch."""
+    from torch_skills.memory.probes import KernelProbe
+
+    probe = KernelProbe("cpu", scratch=True)
+    assert probe.wants(torch.ops.aten._scaled_dot_product_efficient_attention_backward.default)
+    assert probe.wants(torch.ops.aten._scaled_dot_product_flash_attention_backward.default)

@@ -17,12 +17,18 @@ sizes follow from the shapes alone, so the model works whether the trace runs on
   plus one int semaphore per block column. On an H100, a bf16 `sum(0)` of a (6304, 1536) gradient
   takes a 77,856,768 B buffer and 48 B of semaphores (measured: bench/gpu/results/peakdiff.json).
 
-The sizes depend on the GPU's SM count and threads per SM (`GpuSpec`): the local GPU's when the
+- cuDNN's attention backward (`_scaled_dot_product_cudnn_attention_backward`): an fp32 accumulator
+  for dQ and one fp32 row statistic per query, plus 256 B: 4*B*H*T*D + 4*B*H*T + 256 bytes,
+  measured to the byte on an H100 for (32, 6, 197, 64), (8, 12, 512, 64) and (8 or 16, 12, 1024 or
+  512, 64) bf16 queries.
+
+The reduction sizes depend on the GPU's SM count and threads per SM (`GpuSpec`): the local GPU's when the
 worker has one, else an H100's (132 SMs, 2048 threads each), stated in the result's assumptions.
 
 Known limitations: reductions over the innermost (contiguous) dims, or over non-contiguous inputs,
-are not modelled (their buffer is at most a few KiB per output row); neither are cuDNN, cuBLASLt or
-attention kernels, whose workspaces the `KernelProbe` measures when the trace runs on the GPU.
+are not modelled (their buffer is at most a few KiB per output row); neither are the flash and
+memory-efficient attention backward kernels, whose workspaces the `KernelProbe` measures when the
+trace runs on the GPU (a trace on CPU never calls the CUDA attention kernels at all).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
 
 REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim}
+CUDNN_ATTENTION_BACKWARD = aten._scaled_dot_product_cudnn_attention_backward.default
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class CudaKernelModel:
     def scratch(self, func, args, kwargs) -> list[int]:
         if func in REDUCTIONS:
             return self._reduction(args, kwargs)
+        if func is CUDNN_ATTENTION_BACKWARD:
+            return cudnn_attention_backward_buffers(args[1])
         return []
 
     def _reduction(self, args, kwargs) -> list[int]:
@@ -132,6 +141,14 @@ def outer_reduction_buffers(inputs: int, outputs: int, acc_bytes: int, gpu: GpuS
     if ctas <= 1:
         return []
     return [acc_bytes * outputs * ctas * width * vec, 4 * grid_x]
+
+
+def cudnn_attention_backward_buffers(query: torch.Tensor) -> list[int]:
+    """[workspace bytes] of cuDNN's SDPA backward for a (B, H, T, D) query: fp32 dQ and row statistics."""
+    if not isinstance(query, torch.Tensor) or query.dim() != 4:
+        return []
+    b, h, t, d = query.shape
+    return [4 * b * h * t * d + 4 * b * h * t + 256]
 
 
 def _last_pow2(n: int) -> int:

@@ -12,7 +12,8 @@ Two kinds of kernel memory are invisible to a trace on fake tensors:
   reserve, which training saves for backward, is 0 bytes in torch's meta functions for
   `mkldnn_rnn_layer` and `_cudnn_rnn`;
 - scratch a kernel allocates and frees inside the call: oneDNN reorders a convolution's input,
-  weight and output into blocked layouts on CPU; cuDNN asks for a workspace on CUDA.
+  weight and output into blocked layouts on CPU; cuDNN asks for a workspace on CUDA; the CUDA
+  flash and memory-efficient attention backward kernels allocate fp32 accumulators.
 
 The probe runs the real kernel once per distinct signature (shapes, strides, dtypes, the other
 arguments), on zero-filled tensors of the traced shapes on the traced device, and measures its
@@ -48,6 +49,10 @@ SCRATCH_OPS = {
     aten.mkldnn_rnn_layer_backward.default,
     aten._cudnn_rnn.default,
     aten._cudnn_rnn_backward.default,
+    # CUDA attention backward kernels take a workspace (9-49 MiB measured on an H100); a trace on
+    # CPU never calls them. cuDNN's is sized from shapes instead (torch_skills.memory.cudakernels).
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
 }
 PROBED_OPS = WORKSPACE_OPS | SCRATCH_OPS
 _READS_WORKSPACE = {aten.mkldnn_rnn_layer_backward.default, aten._cudnn_rnn_backward.default}
