@@ -150,3 +150,23 @@ def test_the_cuda_attention_backward_kernels_are_probed_for_their_workspace():
     probe = KernelProbe("cpu", scratch=True)
     assert probe.wants(torch.ops.aten._scaled_dot_product_efficient_attention_backward.default)
     assert probe.wants(torch.ops.aten._scaled_dot_product_flash_attention_backward.default)
+
+
+def encoder_768():
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+
+
+def encoder_tokens(batch_size=None):
+    return torch.randn(batch_size or 16, 512, 768)  # (B, T, C)
+
+
+@pytest.mark.parametrize(("precision", "measured_mib"), [("fp32", 333.2), ("bf16", 184.0)])
+def test_the_fused_transformer_encoder_inference_is_within_3_percent_of_the_h100(precision, measured_mib):
+    """nn.TransformerEncoder in eval (one fused op per layer): the CUDA estimate is within 3% of max_memory_allocated on an H100."""
+    spec = StepSpec(mode="inference", optimizer="none", precision=precision)
+    trace = trace_step(encoder_768, encoder_tokens, mean_loss, spec, cuda_kernels=CudaKernelModel(H100))
+    assert any(tag == OP and value.op == "_transformer_encoder_layer_fwd" for tag, value in trace.events)
+    est = estimate_trace(trace, Target(cuda=True, hopper=True, training=False))
+    assert est.workspace_bytes == SM90_CUBLAS + LT  # its Linears run inside the fused op
+    assert abs(est.peak_allocated / 2**20 - measured_mib) / measured_mib < 0.03

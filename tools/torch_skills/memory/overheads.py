@@ -35,8 +35,13 @@ CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8", ev
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024  # 32 MiB default on Hopper (sm90)
 CUBLASLT_WORKSPACE = 1024 * 1024  # CUBLASLT_WORKSPACE_SIZE default, 1024 KiB per thread (measured on H100)
 
-MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "_scaled_mm"})
-LT_MATMUL_OPS = frozenset({"addmm"})  # bias epilogue: cublasLt (at::cuda::blas::gemm_and_bias)
+# _transformer_encoder_layer_fwd: nn.TransformerEncoderLayer's fused inference op runs its Linears inside
+FUSED_LINEAR_OPS = frozenset({"_transformer_encoder_layer_fwd"})
+MATMUL_OPS = (
+    frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "_scaled_mm"})
+    | FUSED_LINEAR_OPS
+)
+LT_MATMUL_OPS = frozenset({"addmm"}) | FUSED_LINEAR_OPS  # bias epilogue: cublasLt (gemm_and_bias)
 BACKWARD_THREAD_PHASES = frozenset({"backward"})  # autograd's device thread; the rest run on the caller's
 
 
