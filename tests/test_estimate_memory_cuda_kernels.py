@@ -170,3 +170,42 @@ def test_the_fused_transformer_encoder_inference_is_within_3_percent_of_the_h100
     est = estimate_trace(trace, Target(cuda=True, hopper=True, training=False))
     assert est.workspace_bytes == SM90_CUBLAS + LT  # its Linears run inside the fused op
     assert abs(est.peak_allocated / 2**20 - measured_mib) / measured_mib < 0.03
+
+
+class ScriptedMeter:
+    """Stands in for CudaScratchMeter: reports the same in-op peak for every op."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> int:
+        return self.nbytes
+
+
+def test_a_real_cuda_step_records_each_ops_measured_workspace_instead_of_the_model():
+    """With a meter (real steps on the GPU, the fallback when fake tracing fails) the measured in-op peak is the scratch."""
+    from torch_skills.memory.ledger import StorageLedger
+
+    x = torch.zeros(8, 4)
+    ledger = StorageLedger(meter=ScriptedMeter(28 * 2**20), kernels=CudaKernelModel(H100))
+    with ledger:
+        x.sum(0)
+    allocs = [value.nbytes for tag, value in ledger.events if tag == ALLOC]
+    assert 28 * 2**20 in allocs
+    assert [value.op for tag, value in ledger.events if tag == OP] == ["sum (kernel scratch)", "sum"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_real_lstm_step_records_the_cudnn_workspace():
+    """A real (not fake) LSTM training step on CUDA records cuDNN's in-op workspace, which a storage ledger misses."""
+    from tests.fixtures import memory_models as zoo
+
+    spec = StepSpec(optimizer="adamw", foreach=True)
+    trace = trace_step(
+        zoo.build_lstm, zoo.lstm_inputs, mean_loss, spec, device="cuda", batch_size=16, fake=False
+    )
+    assert any(tag == OP and value.op == "_cudnn_rnn (kernel scratch)" for tag, value in trace.events)

@@ -42,7 +42,7 @@ from torch_skills.memory.construct import fake_safe_construction, fakeify_real_t
 from torch_skills.memory.cudakernels import CudaKernelModel
 from torch_skills.memory.ledger import StorageLedger
 from torch_skills.memory.modules import ModuleScope
-from torch_skills.memory.probes import KernelProbe
+from torch_skills.memory.probes import CudaScratchMeter, KernelProbe
 from torch_skills.runner import usercode
 
 OUTSIDE_MODULES = "(outside any module: loss, functional code)"
@@ -133,7 +133,9 @@ def trace_step(
 
         scope = ModuleScope(model)
         probe = KernelProbe(device, scratch=probe_scratch) if fake else None
-        ledger = StorageLedger(scope, probe, cuda_kernels)
+        # a real step on the GPU: measure every op's workspace (fake steps use the probe and the model)
+        meter = CudaScratchMeter(device) if not fake and device.type == "cuda" and probe_scratch else None
+        ledger = StorageLedger(scope, probe, cuda_kernels, meter)
         _adopt_state(ledger, model, batch, optimizer)
         with scope, ledger:
             if spec.mode == "train":
