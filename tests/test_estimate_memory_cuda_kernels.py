@@ -209,3 +209,23 @@ def test_on_a_gpu_a_real_lstm_step_records_the_cudnn_workspace():
         zoo.build_lstm, zoo.lstm_inputs, mean_loss, spec, device="cuda", batch_size=16, fake=False
     )
     assert any(tag == OP and value.op == "_cudnn_rnn (kernel scratch)" for tag, value in trace.events)
+
+
+def test_the_weight_transposes_of_a_deep_copied_encoder_are_views_not_new_memory():
+    """nn.TransformerEncoder deep-copies its layer: the fake trace must see each weight's t() as a view of it (+4.8% on the H100 before)."""
+
+    def encoder():
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+        return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    trace = trace_step(encoder, lambda b=None: torch.randn(2, 16, 64), mean_loss, StepSpec(optimizer="sgd"))
+    allocated_by = []
+    pending = []
+    for tag, value in trace.events:
+        if tag == ALLOC:
+            pending.append(value.nbytes)
+        elif tag == OP:
+            if value.op == "t" and pending:
+                allocated_by.append(pending)
+            pending = []
+    assert allocated_by == []
