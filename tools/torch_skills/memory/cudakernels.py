@@ -36,7 +36,9 @@ worker has one, else an H100's (132 SMs, 2048 threads each), stated in the resul
 Known limitations: reductions over the innermost (contiguous) dims, or over non-contiguous inputs,
 are not modelled (their buffer is at most a few KiB per output row); neither are the flash and
 memory-efficient attention backward kernels, whose workspaces the `KernelProbe` measures when the
-trace runs on the GPU (a trace on CPU never calls the CUDA attention kernels at all).
+trace runs on the GPU (a trace on CPU never calls the CUDA attention kernels at all). The fused
+encoder layer is modelled on its SDPA path (no padding mask, head dim a multiple of 8); with a mask
+the kernel materialises (B, H, T, T) attention scores, which are missing.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import torch
 aten = torch.ops.aten
 
 H100_SMS = 132  # NVIDIA H100 SXM5: 132 SMs
-THREADS_PER_SM = 2048  # maxThreadsPerMultiProcessor on every GPU from sm70 to sm90
+THREADS_PER_SM = 2048  # maxThreadsPerMultiProcessor on V100, A100, H100 (1024 on sm75, 1536 on sm86/89)
 
 MAX_NUM_THREADS = 512  # ReduceConfig::MAX_NUM_THREADS (threads per block)
 WARP = 32
