@@ -299,6 +299,10 @@ def _views_leave_storage(t: torch.Tensor) -> bool:
     """Whether views of `t` get a storage other than its own: so with fake tensors deep-copied by
     `copy.deepcopy` (nn.TransformerEncoder clones its layer), whose weight's `t()` the ledger would
     then count as a new tensor (+4.8% measured on an H100 for a 768-wide encoder in fp32)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(t, FakeTensor) or t.layout is not torch.strided:
+        return False
     with torch.no_grad():
         return t.view(t.shape).untyped_storage()._cdata != t.untyped_storage()._cdata
 
