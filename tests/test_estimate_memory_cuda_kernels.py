@@ -229,3 +229,24 @@ def test_the_weight_transposes_of_a_deep_copied_encoder_are_views_not_new_memory
                 allocated_by.append(pending)
             pending = []
     assert allocated_by == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "width"), [(6304, 384), (6304, 1536), (4096, 8192), (8, 4096)])
+def test_on_a_gpu_the_reduction_model_matches_the_allocator_inside_sum(rows, width, dtype):
+    """On the local GPU, the in-op peak of sum(0) above its input and output is what the model says for this GPU."""
+    from torch_skills.memory.allocator import K_SMALL_SIZE, round_size
+    from torch_skills.memory.probes import CudaScratchMeter
+
+    x = torch.zeros(rows, width, dtype=dtype, device="cuda")
+    x.sum(0)  # warm up: the kernel's first launch may load modules
+    meter = CudaScratchMeter("cuda")
+    meter.start()
+    y = x.sum(0)  # kept alive, so the meter counts the buffers only, not the output
+    measured = meter.stop()
+    del y
+    expected = sum(round_size(n) for n in outer_reduction_buffers(rows, width, 4, GpuSpec.local_or_default()))
+    # a cached block is handed out whole when what is left of it is under 1 MiB (should_split)
+    assert expected <= measured <= expected + (K_SMALL_SIZE if expected else 0)
