@@ -20,8 +20,10 @@ replayed (`torch_skills.memory.timeline`).
 
 Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
 an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
-except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`),
-whose scratch is recorded as a temporary alive during the op; sparse and wrapper-subclass
+except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`)
+and the CUDA kernels a `CudaKernelModel` sizes from shapes (`torch_skills.memory.cudakernels`)
+or, on a real CUDA step, a `CudaScratchMeter` measures around every op,
+whose scratch is recorded as temporaries alive during the op; sparse and wrapper-subclass
 tensors are skipped.
 """
 
@@ -79,10 +81,12 @@ class Sample:
 class StorageLedger(TorchDispatchMode):
     """Records storage births and deaths around every aten op; see the module docstring."""
 
-    def __init__(self, scope: Any = None, probe: Any = None):
+    def __init__(self, scope: Any = None, probe: Any = None, kernels: Any = None, meter: Any = None):
         super().__init__()
         self.scope = scope  # a ModuleScope (torch_skills.memory.modules) or None
         self.probe = probe  # a KernelProbe (torch_skills.memory.probes) or None
+        self.kernels = kernels  # a CudaKernelModel (torch_skills.memory.cudakernels) or None
+        self.meter = meter  # a CudaScratchMeter (torch_skills.memory.probes) on a real CUDA step, or None
         self.events: list[tuple[str, Any]] = []
         self.current_phase = "setup"
         self._live: dict[int, tuple[weakref.ref, StorageRecord]] = {}
@@ -134,7 +138,10 @@ class StorageLedger(TorchDispatchMode):
     # -- TorchDispatchMode --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.meter is not None:
+            self.meter.start()
         out = func(*args, **kwargs)
+        measured = self.meter.stop() if self.meter is not None else 0
         found = None
         if self.probe is not None and self.probe.wants(func) and _is_fake(out):
             found = self.probe.measure(func, args, kwargs)
@@ -144,11 +151,18 @@ class StorageLedger(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf)
         name = str(func.overloadpacket.__name__)
+        scratch = []
         if found is not None and found.scratch_bytes > 0 and self.probe.scratch:
-            scratch = self._new_record(found.scratch_bytes, "temporary")
-            self.events.append((ALLOC, scratch))
+            scratch.append(found.scratch_bytes)
+        if self.meter is not None:  # a real CUDA op: its workspace is measured, not modelled
+            scratch += [measured] if measured > 0 else []
+        elif self.kernels is not None:
+            scratch += self.kernels.scratch(func, args, kwargs)
+        if scratch:
+            records = [self._new_record(nbytes, "temporary") for nbytes in scratch]
+            self.events.extend((ALLOC, rec) for rec in records)
             self._sample(f"{name} (kernel scratch)")
-            self.events.append((FREE, scratch))
+            self.events.extend((FREE, rec) for rec in records)
         self._sample(name)
         return out
 
