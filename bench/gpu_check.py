@@ -60,6 +60,22 @@ def _compatible(wheel: str, tag: str) -> bool:
     return "-none-any" in name or "-abi3-" in name or f"-{tag}-" in name
 
 
+def _blocks_only(wheel: str) -> bool:
+    """Wheels only the skills' blocks import (torchao): on every path, transformers imports them too, and
+    a torchao built for another torch broke four hf_* memory cases on the device."""
+    return os.path.basename(wheel).startswith("torchao")
+
+
+def blocks_path() -> str:
+    """A folder holding the blocks-only wheels, for the skill-block scripts' PYTHONPATH."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    target = Path(tempfile.mkdtemp(prefix="gpu_check_blocks_"))
+    for w in sorted(glob.glob(str(WHEELS / "*.whl"))):
+        if _compatible(w, tag) and _blocks_only(w):
+            zipfile.ZipFile(w).extractall(target)
+    return str(target)
+
+
 def ensure_vendored() -> str:
     """Import pydantic, mcp and pytest-asyncio, else unpack the carried wheels for this Python into a temp
     dir put first on sys.path and PYTHONPATH (children inherit it); say which."""
@@ -68,7 +84,9 @@ def ensure_vendored() -> str:
 
         return f"installed {pydantic.VERSION}"
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    wheels = [w for w in sorted(glob.glob(str(WHEELS / "*.whl"))) if _compatible(w, tag)]
+    wheels = [
+        w for w in sorted(glob.glob(str(WHEELS / "*.whl"))) if _compatible(w, tag) and not _blocks_only(w)
+    ]
     if not any("pydantic_core" in w for w in wheels):
         raise SystemExit(f"no pydantic and no pydantic_core wheel for {tag} in {WHEELS}")
     target = Path(tempfile.mkdtemp(prefix="gpu_check_vendor_"))
@@ -374,7 +392,11 @@ def skill_blocks(timeout: float) -> dict:
     cmd = [sys.executable, str(REPO / "bench" / "gpu" / "skillblocks.py")]
     status = None
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [blocks_path(), os.environ.get("PYTHONPATH")])),
+        )
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
         stdout, tail = p.stdout, p.stderr[-2000:]
     except subprocess.TimeoutExpired as e:
         stdout, tail, status = (
