@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torch_skills.checkpoint.adapter import LayerShape
 from torch_skills.checkpoint.fit import Entry, LibraryRename
 
 
@@ -102,3 +103,25 @@ def _prefix_only(prefix: str, entries: dict[str, Entry]) -> LibraryRename | None
 
 
 RenameFn = Callable[[str], str]
+
+
+def layer_shapes(model: torch.nn.Module) -> dict[str, LayerShape]:
+    """Every named module of `model` with the sizes LoRA builds its matrices from (see checkpoint.adapter)."""
+    out: dict[str, LayerShape] = {}
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear):
+            out[name] = LayerShape("linear", module.in_features, module.out_features)
+        elif isinstance(module, torch.nn.Embedding):
+            out[name] = LayerShape("embedding", module.num_embeddings, module.embedding_dim)
+        elif isinstance(module, torch.nn.modules.conv._ConvNd):
+            out[name] = LayerShape("conv", module.in_channels, module.out_channels, tuple(module.kernel_size))
+        elif type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            out[name] = LayerShape(
+                "linear", weight.shape[0], weight.shape[1]
+            )  # transformers' GPT-2 (in, out)
+        else:
+            out[name] = LayerShape("other")
+    return out

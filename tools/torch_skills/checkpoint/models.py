@@ -41,6 +41,7 @@ Layout = Literal[
     "huggingface_model",
     "huggingface_trainer",  # checkpoint-N/ with optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json
     "dcp",
+    "peft_adapter",  # adapter_config.json + adapter_model.safetensors/.bin (peft_model.save_pretrained)
     "tensor",  # a single tensor
     "other",
     "not_loaded",  # unsafe or unreadable: contents were not read
@@ -236,6 +237,25 @@ class PrefixFix(BaseModel):
     code: str = Field(description="Python that renames state_dict keys before load_state_dict")
 
 
+LoaderName = Literal["load_state_dict", "from_pretrained", "peft_from_pretrained"]
+
+
+class LoaderCall(BaseModel):
+    """One way to load the checkpoint into the model, and whether the keys fit through it."""
+
+    loader: LoaderName = Field(
+        description="load_state_dict: torch's model.load_state_dict; from_pretrained: transformers' "
+        "Cls.from_pretrained (adds/strips base_model_prefix, its own renames); peft_from_pretrained: "
+        "peft.PeftModel.from_pretrained(base_model, folder)"
+    )
+    fits_as_is: bool = Field(description="the keys fit through this loader with no rename of your own")
+    fits: bool = Field(description="the keys fit through this loader after the rename in `call`, if any")
+    call: str | None = Field(
+        description="exact Python that loads it this way (`state_dict`, `model`, `folder`, `config` are your "
+        "names); null when no rename the tool knows makes it fit"
+    )
+
+
 class KeyMismatch(BaseModel):
     compared: str = Field(description="the checkpoint entry compared with the model's state dict")
     checkpoint_keys: int
@@ -261,6 +281,62 @@ class KeyMismatch(BaseModel):
         "applied before comparing",
     )
     library_renamed: int = Field(default=0, description="checkpoint keys that library rename changed")
+    loaders: list[LoaderCall] = Field(
+        default_factory=list,
+        description="per loader: whether the fit holds through it and the exact call (the fit above may hold "
+        "only through from_pretrained, whose renames plain load_state_dict does not apply)",
+    )
+
+
+AdapterProblemCode = Literal[
+    "targets_not_in_base",  # target_modules selects no module of the base: PEFT refuses to load it
+    "module_not_in_base",  # the adapter has weights for a module the base model lacks
+    "unsupported_layer",  # the base module is not a layer type LoRA wraps (Linear, Embedding, Conv, Conv1D)
+    "rank_mismatch",  # a LoRA matrix's rank is not the r (or rank_pattern) of adapter_config.json
+    "in_features_mismatch",  # lora_A's input size is not the base layer's: a different base model
+    "out_features_mismatch",  # lora_B's output size is not the base layer's: a different base model
+    "not_targeted",  # weights for a module target_modules does not select: PEFT builds no LoRA there
+    "no_adapter_weights",  # a module target_modules selects has no weights in the file (stays at init)
+    "saved_module_shape",  # a modules_to_save / base tensor differs in shape from the base model's
+    "unrecognised_key",  # a key that names neither a LoRA matrix nor a base-model tensor
+]
+
+
+class AdapterProblem(BaseModel):
+    code: AdapterProblemCode
+    module: str = Field(description="file content (escaped): the base-model module path the key names")
+    key: str | None = Field(description="file content (escaped): the adapter file's key")
+    peft_key: str | None = Field(
+        description="the key PEFT loads it as inside the PeftModel (adapter name inserted)"
+    )
+    adapter_shape: list[int] | None
+    expected_shape: list[int] | None = Field(description="the shape PEFT builds from the base layer and r")
+    severity: Literal["error", "warning"]
+
+
+class AdapterCheck(BaseModel):
+    """A PEFT adapter folder checked as PeftModel.from_pretrained(base_model, folder) loads it."""
+
+    peft_type: str = Field(description="file content (escaped): adapter_config.json's peft_type")
+    modelled: bool = Field(
+        description="true for LoRA, whose keys and shapes are checked; other types are not"
+    )
+    r: int | None
+    target_modules: list[str] = Field(description="file content (escaped)")
+    modules_to_save: list[str] = Field(description="file content (escaped)")
+    adapter_name: str = Field(default="default", description="the name PEFT inserts into each key on load")
+    lora_modules: int = Field(description="base modules the file holds LoRA weights for")
+    targeted_modules: int | None = Field(
+        description="base modules target_modules selects (null: not decidable, e.g. layers_pattern set)"
+    )
+    saved_tensors: int = Field(description="non-LoRA tensors (modules_to_save, biases) the file holds")
+    fits: bool = Field(description="PeftModel.from_pretrained loads every tensor into a place of its shape")
+    problems: list[AdapterProblem]
+    problem_count: int
+    loader: LoaderCall
+    config_error: str | None = Field(
+        default=None, description="why adapter_config.json could not be used (the tool's words)"
+    )
 
 
 class LoadAndRun(BaseModel):
@@ -272,6 +348,11 @@ class LoadAndRun(BaseModel):
     output_shapes: list[list[int]]
     output_finite: bool | None
     mode: str = "eval"
+    loader: LoaderName = Field(
+        default="load_state_dict",
+        description="how the weights were loaded: load_state_dict (after the renames of key_mismatch) or "
+        "peft_from_pretrained (PeftModel.from_pretrained on the adapter folder)",
+    )
     batch_rule: BatchRule | None = Field(default=None, description="how the batch was fed to the forward")
 
 
@@ -311,6 +392,9 @@ class VerifyCheckpointResult(BaseModel):
     missing_for_resume: list[ResumeRole]
     optimizers: list[OptimizerCheck]
     key_mismatch: KeyMismatch | None
+    adapter: AdapterCheck | None = Field(
+        default=None, description="a PEFT adapter folder: its fit to the base model, as PEFT loads it"
+    )
     load_and_run: LoadAndRun | None
     findings: list[Finding] = Field(description="the tool's own words; file text stays in the fields")
     summary: str = Field(description="the tool's own words, no text from the file")
