@@ -266,7 +266,7 @@ def _adapter_findings(r: VerifyCheckpointResult) -> list[Finding]:
             first = p.module
         if code in _FILE_NAMED:
             first = "adapter.problems"
-        n = len(items) if len(items) < len(a.problems) or a.problem_count == len(a.problems) else len(items)
+        n = len(items)  # of the problems listed (adapter.problem_count counts them all)
         out.append(
             Finding(
                 severity=p.severity,
