@@ -65,12 +65,13 @@ class VerifyCheckpointRequest(ModelInputs):
 
     path: str = Field(
         description="checkpoint file (.pt .pth .ckpt .bin .pkl .joblib .npy .npz .pt2 .safetensors, zip/tar, "
-        "*.index.json) or folder (DCP, Hugging Face model or Trainer checkpoint; every file is sniffed)"
+        "*.index.json) or folder (DCP, Hugging Face model or Trainer checkpoint, PEFT adapter; every file is "
+        "sniffed)"
     )
     model: str | None = Field(  # type: ignore[assignment]
         default=None,
         description="optional model factory 'path/to/file.py:build'; compares the checkpoint's keys "
-        "and shapes with the model's state dict",
+        "and shapes with the model's state dict (for a PEFT adapter folder: the base model it goes on)",
     )
     load_and_run: bool = Field(
         default=False,
@@ -241,19 +242,14 @@ LoaderName = Literal["load_state_dict", "from_pretrained", "peft_from_pretrained
 
 
 class LoaderCall(BaseModel):
-    """One way to load the checkpoint into the model, and whether the keys fit through it."""
+    """A loader (torch's model.load_state_dict; transformers' Cls.from_pretrained, which adds or strips
+    base_model_prefix; peft's PeftModel.from_pretrained): whether the keys fit through it as is, after the
+    rename in `call`, and the exact Python (null: no known rename makes it fit)."""
 
-    loader: LoaderName = Field(
-        description="load_state_dict: torch's model.load_state_dict; from_pretrained: transformers' "
-        "Cls.from_pretrained (adds/strips base_model_prefix, its own renames); peft_from_pretrained: "
-        "peft.PeftModel.from_pretrained(base_model, folder)"
-    )
-    fits_as_is: bool = Field(description="the keys fit through this loader with no rename of your own")
-    fits: bool = Field(description="the keys fit through this loader after the rename in `call`, if any")
-    call: str | None = Field(
-        description="exact Python that loads it this way (`state_dict`, `model`, `folder`, `config` are your "
-        "names); null when no rename the tool knows makes it fit"
-    )
+    loader: LoaderName
+    fits_as_is: bool
+    fits: bool
+    call: str | None
 
 
 class KeyMismatch(BaseModel):
@@ -281,11 +277,7 @@ class KeyMismatch(BaseModel):
         "applied before comparing",
     )
     library_renamed: int = Field(default=0, description="checkpoint keys that library rename changed")
-    loaders: list[LoaderCall] = Field(
-        default_factory=list,
-        description="per loader: whether the fit holds through it and the exact call (the fit above may hold "
-        "only through from_pretrained, whose renames plain load_state_dict does not apply)",
-    )
+    loaders: list[LoaderCall] = Field(default_factory=list, description="the fit and exact call per loader")
 
 
 AdapterProblemCode = Literal[
@@ -303,40 +295,36 @@ AdapterProblemCode = Literal[
 
 
 class AdapterProblem(BaseModel):
+    """At a base-model module (file text): the file's key, the key PEFT loads it as, and the shapes."""
+
     code: AdapterProblemCode
-    module: str = Field(description="file content (escaped): the base-model module path the key names")
-    key: str | None = Field(description="file content (escaped): the adapter file's key")
-    peft_key: str | None = Field(
-        description="the key PEFT loads it as inside the PeftModel (adapter name inserted)"
-    )
+    module: str
+    key: str | None
+    peft_key: str | None
     adapter_shape: list[int] | None
-    expected_shape: list[int] | None = Field(description="the shape PEFT builds from the base layer and r")
+    expected_shape: list[int] | None
     severity: Literal["error", "warning"]
 
 
 class AdapterCheck(BaseModel):
-    """A PEFT adapter folder checked as PeftModel.from_pretrained(base_model, folder) loads it."""
+    """A PEFT adapter checked as PeftModel.from_pretrained(base_model, folder) loads it. modelled: LoRA
+    (keys and shapes checked); targeted_modules: null when undecidable; peft_type, target_modules,
+    modules_to_save are file text."""
 
-    peft_type: str = Field(description="file content (escaped): adapter_config.json's peft_type")
-    modelled: bool = Field(
-        description="true for LoRA, whose keys and shapes are checked; other types are not"
-    )
+    peft_type: str
+    modelled: bool
     r: int | None
-    target_modules: list[str] = Field(description="file content (escaped)")
-    modules_to_save: list[str] = Field(description="file content (escaped)")
-    adapter_name: str = Field(default="default", description="the name PEFT inserts into each key on load")
-    lora_modules: int = Field(description="base modules the file holds LoRA weights for")
-    targeted_modules: int | None = Field(
-        description="base modules target_modules selects (null: not decidable, e.g. layers_pattern set)"
-    )
-    saved_tensors: int = Field(description="non-LoRA tensors (modules_to_save, biases) the file holds")
-    fits: bool = Field(description="PeftModel.from_pretrained loads every tensor into a place of its shape")
+    target_modules: list[str]
+    modules_to_save: list[str]
+    adapter_name: str = "default"
+    lora_modules: int
+    targeted_modules: int | None
+    saved_tensors: int
+    fits: bool
     problems: list[AdapterProblem]
     problem_count: int
     loader: LoaderCall
-    config_error: str | None = Field(
-        default=None, description="why adapter_config.json could not be used (the tool's words)"
-    )
+    config_error: str | None = None
 
 
 class LoadAndRun(BaseModel):
@@ -348,11 +336,7 @@ class LoadAndRun(BaseModel):
     output_shapes: list[list[int]]
     output_finite: bool | None
     mode: str = "eval"
-    loader: LoaderName = Field(
-        default="load_state_dict",
-        description="how the weights were loaded: load_state_dict (after the renames of key_mismatch) or "
-        "peft_from_pretrained (PeftModel.from_pretrained on the adapter folder)",
-    )
+    loader: LoaderName = "load_state_dict"
     batch_rule: BatchRule | None = Field(default=None, description="how the batch was fed to the forward")
 
 
@@ -392,9 +376,7 @@ class VerifyCheckpointResult(BaseModel):
     missing_for_resume: list[ResumeRole]
     optimizers: list[OptimizerCheck]
     key_mismatch: KeyMismatch | None
-    adapter: AdapterCheck | None = Field(
-        default=None, description="a PEFT adapter folder: its fit to the base model, as PEFT loads it"
-    )
+    adapter: AdapterCheck | None = None
     load_and_run: LoadAndRun | None
     findings: list[Finding] = Field(description="the tool's own words; file text stays in the fields")
     summary: str = Field(description="the tool's own words, no text from the file")
