@@ -50,6 +50,11 @@ class LayerShape:
     kernel: tuple[int, ...] = ()  # Conv only
 
 
+def severity(code: str) -> str:
+    """A selected module without weights only does nothing; every other problem loses weights or fails the load."""
+    return "warning" if code == "no_adapter_weights" else "error"
+
+
 def peft_load_call(folder: str) -> str:
     """The exact call that loads an adapter folder onto the base model."""
     return f"from peft import PeftModel\nmodel = PeftModel.from_pretrained(base_model, {folder!r})"
@@ -138,12 +143,7 @@ def check_adapter(
         loader="peft_from_pretrained", fits_as_is=False, fits=False, call=peft_load_call(folder)
     )
     names = config.target_modules
-    common = {
-        "peft_type": config.peft_type,
-        "target_modules": [names] if isinstance(names, str) else list(names or []),
-        "modules_to_save": list(config.modules_to_save or []),
-        "adapter_name": ADAPTER_NAME,
-    }
+    common = {"peft_type": config.peft_type}
     if config.peft_type != "LORA":
         return AdapterCheck(
             **common,
@@ -160,7 +160,7 @@ def check_adapter(
     problems: list[AdapterProblem] = []
     flagged: set[tuple[str, str]] = set()
 
-    def problem(code, module, key=None, peft_key=None, shape=None, expected=None, severity="error"):
+    def problem(code, module, key=None, peft_key=None, shape=None, expected=None):
         if (module, code) in flagged:  # one problem per module and cause
             return
         flagged.add((module, code))
@@ -172,7 +172,6 @@ def check_adapter(
                 peft_key=peft_key,
                 adapter_shape=list(shape) if shape is not None else None,
                 expected_shape=list(expected) if expected is not None else None,
-                severity=severity,
             )
         )
 
@@ -229,10 +228,10 @@ def check_adapter(
         if layer.kind == "other":
             problem("unsupported_layer", module)
         elif module not in lora_modules:
-            problem("no_adapter_weights", module, severity="warning")
+            problem("no_adapter_weights", module)
     if targeted == 0 and names:
-        problem("targets_not_in_base", "", severity="error")
-    errors = [p for p in problems if p.severity == "error"]
+        problem("targets_not_in_base", "")
+    errors = [p for p in problems if severity(p.code) == "error"]
     loader.fits = loader.fits_as_is = not errors
     return AdapterCheck(
         **common,
@@ -242,7 +241,7 @@ def check_adapter(
         targeted_modules=targeted,
         saved_tensors=saved,
         fits=not errors,
-        problems=sorted(problems, key=lambda p: p.severity != "error")[:max_listed],
+        problems=sorted(problems, key=lambda p: severity(p.code) != "error")[:max_listed],
         problem_count=len(problems),
         loader=loader,
     )

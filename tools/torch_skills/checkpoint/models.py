@@ -295,7 +295,8 @@ AdapterProblemCode = Literal[
 
 
 class AdapterProblem(BaseModel):
-    """At a base-model module (file text): the file's key, the key PEFT loads it as, and the shapes."""
+    """At a base-model module (file text): the file's key, the key PEFT loads it as, and the shapes.
+    no_adapter_weights is a warning, every other code an error."""
 
     code: AdapterProblemCode
     module: str
@@ -303,20 +304,16 @@ class AdapterProblem(BaseModel):
     peft_key: str | None
     adapter_shape: list[int] | None
     expected_shape: list[int] | None
-    severity: Literal["error", "warning"]
 
 
 class AdapterCheck(BaseModel):
-    """A PEFT adapter checked as PeftModel.from_pretrained(base_model, folder) loads it. modelled: LoRA
-    (keys and shapes checked); targeted_modules: null when undecidable; peft_type, target_modules,
-    modules_to_save are file text."""
+    """A PEFT adapter checked as PeftModel.from_pretrained(base_model, folder) loads it (adapter name
+    'default' inserted into each key). modelled: LoRA (keys and shapes checked); targeted_modules: null
+    when undecidable; peft_type is file text."""
 
     peft_type: str
     modelled: bool
     r: int | None
-    target_modules: list[str]
-    modules_to_save: list[str]
-    adapter_name: str = "default"
     lora_modules: int
     targeted_modules: int | None
     saved_tensors: int

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from torch_skills.checkpoint.adapter import severity as adapter_severity
 from torch_skills.checkpoint.filetext import prose_name, shown_global
 from torch_skills.checkpoint.models import VerifyCheckpointResult
 from torch_skills.checkpoint.verdict import CORRUPT_CODES
@@ -203,7 +204,7 @@ def _loader_findings(r: VerifyCheckpointResult) -> list[Finding]:
 
 
 ADAPTER_PROBLEM_WORDS = {
-    "targets_not_in_base": "adapter_config.json's target_modules (adapter.target_modules) select no module of "
+    "targets_not_in_base": "adapter_config.json's target_modules select no module of "
     "the base model, so PeftModel.from_pretrained raises ValueError: the adapter was made for another "
     "architecture, or this is not the base model it was trained on",
     "module_not_in_base": "{n} modules the adapter holds LoRA weights for do not exist in the base model (names "
@@ -269,7 +270,7 @@ def _adapter_findings(r: VerifyCheckpointResult) -> list[Finding]:
         n = len(items)  # of the problems listed (adapter.problem_count counts them all)
         out.append(
             Finding(
-                severity=p.severity,
+                severity=adapter_severity(code),
                 code=f"adapter_{code}",
                 message=ADAPTER_PROBLEM_WORDS[code].format(n=n, r=a.r, first=first) + ".",
                 skill=SKILL,
@@ -283,7 +284,7 @@ def _adapter_findings(r: VerifyCheckpointResult) -> list[Finding]:
                 severity="info",
                 code="adapter_fits",
                 message=f"a PEFT LoRA adapter (r={a.r}) for {a.lora_modules} modules of the base model{saved}: it "
-                f"fits the base model as PEFT loads it (adapter name '{a.adapter_name}' inserted). Load it with:\n"
+                "fits the base model as PEFT loads it (adapter name 'default' inserted). Load it with:\n"
                 f"{call}",
                 skill=SKILL,
             ),
@@ -553,7 +554,7 @@ def build_summary(r: VerifyCheckpointResult, own_classes: list[str] | None = Non
             "(adapter.loader.call)."
         )
     elif a is not None and a.modelled:
-        codes = ", ".join(sorted({p.code for p in a.problems if p.severity == "error"}))
+        codes = ", ".join(sorted({p.code for p in a.problems if adapter_severity(p.code) == "error"}))
         parts.append(f"A PEFT LoRA adapter that does not fit the base model as PEFT loads it: {codes}.")
     elif a is not None:
         parts.append("A PEFT adapter whose fit was not checked (see findings).")

@@ -195,8 +195,6 @@ def _adapter_check(
             peft_type="",
             modelled=False,
             r=None,
-            target_modules=[],
-            modules_to_save=[],
             lora_modules=0,
             targeted_modules=None,
             saved_tensors=0,
