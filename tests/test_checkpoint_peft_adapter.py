@@ -410,3 +410,16 @@ def test_an_adapter_without_a_base_model_is_named_and_its_weights_file_alone_is_
     assert weights.adapter is not None and codes(weights.adapter) == {
         "rank_mismatch": ["layers.0.q_proj", "layers.1.q_proj"]
     }
+
+
+@pytest.mark.slow
+def test_a_factory_that_returns_the_peft_model_is_checked_by_its_base(job, tmp_path: Path):
+    """model= returning get_peft_model(base): the same fit as with the bare base, and PEFT's load_adapter runs it."""
+    folder = save_adapter(tmp_path / "adapter", modules_to_save=["lm_head"])
+    result = verify(job, folder, factory="wrapped", load_and_run=True)
+    assert result.adapter.fits and result.adapter.lora_modules == 4, result.adapter.problems
+    assert result.adapter.saved_tensors == 1 and result.load_and_run.forward_ran, result.load_and_run.error
+    narrow = save_adapter(tmp_path / "r8", r=8)
+    path = narrow / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "r": 4}))
+    assert sorted(codes(verify(job, narrow, factory="wrapped").adapter)) == ["rank_mismatch"]

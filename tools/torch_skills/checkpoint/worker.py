@@ -29,7 +29,7 @@ from torch_skills.checkpoint.filetext import wire_safe_result
 from torch_skills.checkpoint.fit import FitReport, compare_state_dicts
 from torch_skills.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
 from torch_skills.checkpoint.loaders import HFClass, loader_calls
-from torch_skills.checkpoint.modelkeys import ModelKeys, layer_shapes, model_keys
+from torch_skills.checkpoint.modelkeys import ModelKeys, base_entries, is_peft_model, layer_shapes, model_keys
 from torch_skills.checkpoint.models import (
     AdapterCheck,
     FileProblem,
@@ -187,7 +187,7 @@ def _adapter_check(
 ) -> AdapterCheck:
     """The adapter's fit to the base model as PEFT loads it (checkpoint.adapter)."""
     shapes = {k: (info.shape, info.dtype) for k, v in entries.items() if (info := leaf_info(v)) is not None}
-    base = model_keys(model).entries
+    base = base_entries(model)
     try:
         config = read_adapter_config(config_path)
     except AdapterConfigError as e:
@@ -208,7 +208,8 @@ def _adapter_check(
 
 
 def _load_adapter(folder: Any, model: torch.nn.Module) -> torch.nn.Module:
-    """PeftModel.from_pretrained(model, folder): the user's base model with the adapter, as PEFT loads it."""
+    """The user's base model with the adapter, loaded by PEFT itself: PeftModel.from_pretrained(model, folder),
+    or, when the factory already returns a PeftModel, its load_adapter under a fresh name."""
     try:
         from peft import PeftModel
     except ImportError:
@@ -216,6 +217,10 @@ def _load_adapter(folder: Any, model: torch.nn.Module) -> torch.nn.Module:
             "peft is not installed in the interpreter that runs your model: install it (pip install peft) to "
             "load the adapter"
         ) from None
+    if is_peft_model(model):
+        model.load_adapter(str(folder), adapter_name="checked")
+        model.set_adapter("checked")
+        return model
     return PeftModel.from_pretrained(model, str(folder))
 
 
