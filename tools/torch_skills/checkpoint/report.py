@@ -6,6 +6,7 @@ VerifyCheckpointResult whose facts are filled in; each finding names the skill t
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from torch_skills.checkpoint.adapter import severity as adapter_severity
@@ -167,6 +168,7 @@ def _resume_findings(r: VerifyCheckpointResult) -> list[Finding]:
     return out
 
 
+_HF_WEIGHTS = re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?")
 LOADER_WORDS = {
     "load_state_dict": "plain model.load_state_dict",
     "from_pretrained": "transformers' from_pretrained (it adds or strips the class's base_model_prefix and "
@@ -193,9 +195,14 @@ def _loader_findings(r: VerifyCheckpointResult) -> list[Finding]:
                 lines.append(f"{c.loader}: no rename the tool knows makes it fit; use the other loader.")
     else:
         lines.append("The exact call for each is in key_mismatch.loaders[].call.")
+    # a save_pretrained file is loaded with from_pretrained as a rule: then the note is for information
+    hf_file = r.layout == "huggingface_model" or _HF_WEIGHTS.match(
+        r.path.replace("\\", "/").rsplit("/", 1)[-1]
+    )
+    expected = hf_file and as_is[0].loader == "from_pretrained"
     return [
         Finding(
-            severity="warning",
+            severity="info" if expected else "warning",
             code="fit_depends_on_loader",
             message="\n".join(lines),
             skill=SKILL,
