@@ -191,6 +191,32 @@ def test_a_hostile_adapter_config_is_refused_in_the_tools_own_words(tmp_path: Pa
     assert why in str(err.value) and "aaaa" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"enable_lora": None, "merge_weights": False, "fan_in_fan_out": False},  # peft 0.2/0.3 field set
+        {"alpha_pattern": {}, "rank_pattern": {}, "layers_pattern": None, "layers_to_transform": None},
+        {"loftq_config": {}, "megatron_core": "megatron.core", "target_parameters": None, "use_dora": False},
+    ],
+)
+def test_adapter_configs_of_every_peft_generation_are_read(tmp_path: Path, extra: dict):
+    """Field sets written by old and new peft versions parse; fields the check does not use are ignored."""
+    path = tmp_path / "adapter_config.json"
+    path.write_text(
+        json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["to_out.0"], **extra})
+    )
+    config = read_adapter_config(path)
+    assert config.r == 16 and config.target_modules == ["to_out.0"]
+
+
+def test_a_json_file_that_is_no_peft_config_is_refused_as_missing_its_peft_type(tmp_path: Path):
+    """adapter_config.json holding some other program's settings: refused, naming the missing field."""
+    path = tmp_path / "adapter_config.json"
+    path.write_text('{"network_devices": "wlan0"}')
+    with pytest.raises(AdapterConfigError, match="missing or of the wrong type or range: peft_type"):
+        read_adapter_config(path)
+
+
 def test_an_oversized_adapter_config_is_not_read(tmp_path: Path):
     """A config over the size bound is refused before it is parsed."""
     path = tmp_path / "adapter_config.json"

@@ -103,7 +103,9 @@ def read_adapter_config(path: Path) -> AdapterConfig:
     except ValidationError as e:
         fields = sorted({str(err["loc"][0]) for err in e.errors() if err["loc"]})
         shown = ", ".join(f for f in fields if f in AdapterConfig.model_fields)
-        raise AdapterConfigError(f"{CONFIG_NAME} has fields of the wrong type or range: {shown}") from None
+        raise AdapterConfigError(
+            f"{CONFIG_NAME} has fields missing or of the wrong type or range: {shown}"
+        ) from None
     names = config.names()
     if len(names) > MAX_NAMES or any(len(n) > MAX_PATTERN for n in names):
         raise AdapterConfigError(
