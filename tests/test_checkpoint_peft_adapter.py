@@ -450,3 +450,16 @@ def test_a_factory_that_returns_the_peft_model_is_checked_by_its_base(job, tmp_p
     path = narrow / "adapter_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "r": 4}))
     assert sorted(codes(verify(job, narrow, factory="wrapped").adapter)) == ["rank_mismatch"]
+
+
+def test_a_trainer_checkpoint_of_a_peft_run_keeps_its_layout_and_gets_the_adapter_check(job, tmp_path: Path):
+    """checkpoint-N/ with the adapter beside optimizer.pt: layout huggingface_trainer, adapter still checked."""
+    folder = write_adapter(
+        tmp_path / "checkpoint-10",
+        lora_entries(Tiny(), ("q_proj", "v_proj"), 4),
+        {"peft_type": "LORA", "r": 4, "target_modules": ["q_proj", "v_proj"]},
+    )
+    model = tiny()
+    torch.save(torch.optim.AdamW(model.parameters()).state_dict(), folder / "optimizer.pt")
+    result = run(VerifyCheckpointRequest(path=str(folder), model=f"{__file__}:tiny"), job)
+    assert result.layout == "huggingface_trainer" and result.adapter is not None and result.adapter.fits

@@ -74,15 +74,17 @@ def _layout(
 ) -> str:
     if loaded is None or loaded.obj is None:
         return "not_loaded"
-    if adapter:
-        return "peft_adapter"
     if scan.format == "dcp":
         return "dcp"
     obj = loaded.obj
     if loaded.folder:
         names = set(obj) if isinstance(obj, Mapping) else set()
         trainer = {"optimizer.pt", "scheduler.pt", "trainer_state.json"} & names
-        return "huggingface_trainer" if trainer else "huggingface_model"
+        if trainer:  # a Trainer checkpoint of a PEFT run also holds the adapter: checked as one all the same
+            return "huggingface_trainer"
+        return "peft_adapter" if adapter else "huggingface_model"
+    if adapter:  # adapter_model.safetensors named on its own, its config beside it
+        return "peft_adapter"
     if leaf_info(obj) is not None:
         return "tensor"
     if is_tensor_mapping(obj):
