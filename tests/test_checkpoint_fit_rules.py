@@ -167,3 +167,32 @@ def test_a_model_folder_with_config_gets_from_pretrained_of_the_folder():
     )
     assert calls[1].call == "from transformers import GPT2Model\nmodel = GPT2Model.from_pretrained('out/m')"
     assert all(c.fits_as_is for c in calls)
+
+
+def test_a_prefix_fix_that_needs_the_library_s_renames_too_does_not_promise_load_state_dict():
+    """A DDP prefix on keys only from_pretrained renames: the advice names from_pretrained, not load_state_dict."""
+    from torch_skills.checkpoint.loaders import HFClass, loader_calls
+    from torch_skills.checkpoint.models import VerifyCheckpointResult
+    from torch_skills.checkpoint.report import _fit_findings
+    from torch_skills.checkpoint.worker import _key_mismatch
+
+    rename = LibraryRename("test loader", lambda k: k.replace(".gamma", ".weight"))
+    ckpt = {"module.norm.gamma": E, "module.fc.weight": E}
+    model = {"norm.weight": E, "fc.weight": E}
+    with_library = compare_state_dicts(ckpt, model, library=rename)
+    plain = compare_state_dicts(ckpt, model)
+    calls = loader_calls(
+        with_library,
+        plain,
+        library_keys={k: rename.rename(k) for k in ckpt},
+        hf=HFClass("Net", "transformers", ""),
+        folder=None,
+    )
+    result = VerifyCheckpointResult.model_construct(
+        key_mismatch=_key_mismatch("(the whole file)", with_library, 50, calls), adapter=None, path="x.pt"
+    )
+    [prefix] = [f for f in _fit_findings(result) if f.code == "key_prefix_mismatch"]
+    assert (
+        "Then load with from_pretrained" in prefix.message and "Before load_state_dict" not in prefix.message
+    )
+    assert not calls[0].fits and calls[1].fits and "Net.from_pretrained(None" in calls[1].call

@@ -308,7 +308,14 @@ def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
         fix = k.prefix_fix
         words = [*fix.remove_components, *fix.strip_prefix.strip(".").split(".")]
         if all(w == "" or prose_name(w) for w in words):
-            how = f"{fix.description} ({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). Before load_state_dict:\n{fix.code}"
+            plain = next((c for c in k.loaders if c.loader == "load_state_dict"), None)
+            before = (
+                "Before load_state_dict"
+                if plain is None or plain.fits
+                else "Then load with from_pretrained (key_mismatch.loaders; plain load_state_dict would also need "
+                "the library's renames). Before it"
+            )
+            how = f"{fix.description} ({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). {before}:\n{fix.code}"
         else:
             how = (
                 f"{k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after the rename in "
