@@ -499,7 +499,8 @@ data classes such as Namespace or OmegaConf; `allowlist_recipe` gives the safe_g
 unsafe (os.system, exec, gadget chains, bombs...) with file and byte offset; or corrupt; one per
 file of a folder. Safe files are opened (weights_only=True, mmap): tensors, dtypes, NaN/Inf,
 resume pieces present, optimizer consistency. With `model`: keys and shapes compared as
-load_state_dict/from_pretrained treat them, the prefix fix, optionally a run.""",
+load_state_dict/from_pretrained treat them, the exact call per loader, the prefix fix, optionally
+a run; a PEFT adapter folder against `model` as its base, as PEFT loads it.""",
     ),
     TorchTool(
         name="estimate_memory",
