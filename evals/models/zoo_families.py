@@ -15,7 +15,8 @@ Healthy models, each written the way its library's training scripts use it:
 - `gat`: two torch_geometric GATConv layers on a random graph, node classification;
 - `lstm_seq2seq` / `gru_seq2seq`: an encoder-decoder with teacher forcing, plain torch;
   `lstm_seq2seq_sparse` uses `nn.Embedding(sparse=True)` (rows no token used get no gradient);
-- `wav2vec2`: Wav2Vec2ForCTC with its 1-D conv feature encoder and LayerDrop 0.1 (the config's default).
+- `wav2vec2`: Wav2Vec2ForCTC with its 1-D conv feature encoder, LayerDrop off; `wav2vec2_layerdrop`
+  has the config's default LayerDrop 0.1 (a layer's parameters get no gradient on some steps).
 
 Broken copies, one seeded bug each:
 - `lstm_seq2seq_double_softmax`: the decoder returns softmax probabilities, which the batch
@@ -189,7 +190,8 @@ def mamba() -> nn.Module:
     )
 
 
-def wav2vec2() -> nn.Module:
+def wav2vec2(layerdrop: float = 0.0) -> nn.Module:
+    """Wav2Vec2ForCTC without LayerDrop, so every step runs the same layers (a fixed memory peak)."""
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
 
     return Wav2Vec2ForCTC(
@@ -206,8 +208,14 @@ def wav2vec2() -> nn.Module:
             vocab_size=32,
             pad_token_id=0,
             ctc_loss_reduction="mean",
+            layerdrop=layerdrop,
         )
     )
+
+
+def wav2vec2_layerdrop() -> nn.Module:
+    """Wav2Vec2ForCTC with the config's default LayerDrop 0.1: a layer skipped at random in training."""
+    return wav2vec2(layerdrop=0.1)
 
 
 AUDIO_SAMPLES = 4000  # -> 199 encoder frames through strides 5, 2, 2 and kernels 10, 3, 3
