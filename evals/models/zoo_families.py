@@ -14,7 +14,8 @@ Healthy models, each written the way its library's training scripts use it:
 - `mamba`: MambaForCausalLM (the pure-torch selective scan on a CPU);
 - `gat`: two torch_geometric GATConv layers on a random graph, node classification;
 - `lstm_seq2seq` / `gru_seq2seq`: an encoder-decoder with teacher forcing, plain torch;
-  `lstm_seq2seq_sparse` uses `nn.Embedding(sparse=True)` (rows no token used get no gradient);
+  `lstm_seq2seq_sparse` has sparse, padded embeddings of an 8,000-token vocabulary
+  (`padded_translation_batch`): rows no token used get no gradient, by design;
 - `wav2vec2`: Wav2Vec2ForCTC with its 1-D conv feature encoder, LayerDrop off; `wav2vec2_layerdrop`
   has the config's default LayerDrop 0.1 (a layer's parameters get no gradient on some steps).
 
@@ -280,14 +281,22 @@ def graph_batch(batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch
 class Seq2Seq(nn.Module):
     """Encoder and decoder RNNs (2 layers), teacher forcing: forward(src, tgt_in) -> logits (B, T, V)."""
 
-    def __init__(self, cell: str = "lstm", width: int = 64, layers: int = 2, sparse: bool = False) -> None:
+    def __init__(
+        self,
+        cell: str = "lstm",
+        width: int = 64,
+        layers: int = 2,
+        sparse: bool = False,
+        vocab: int = VOCAB,
+        padding_idx: int | None = None,
+    ) -> None:
         super().__init__()
         rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
-        self.src_embed = nn.Embedding(VOCAB, width, sparse=sparse)
-        self.tgt_embed = nn.Embedding(VOCAB, width, sparse=sparse)
+        self.src_embed = nn.Embedding(vocab, width, sparse=sparse, padding_idx=padding_idx)
+        self.tgt_embed = nn.Embedding(vocab, width, sparse=sparse, padding_idx=padding_idx)
         self.encoder = rnn(width, width, num_layers=layers, batch_first=True)
         self.decoder = rnn(width, width, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(width, VOCAB)
+        self.head = nn.Linear(width, vocab)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         _, state = self.encoder(self.src_embed(src))  # final (h, c) of every layer
@@ -310,8 +319,12 @@ def gru_seq2seq() -> nn.Module:
     return Seq2Seq("gru")
 
 
+WIDE_VOCAB = 8000
+
+
 def lstm_seq2seq_sparse() -> nn.Module:
-    return Seq2Seq("lstm", sparse=True)
+    """Sparse, padded embeddings of an 8,000-token vocabulary: a batch looks up a few hundred rows."""
+    return Seq2Seq("lstm", sparse=True, vocab=WIDE_VOCAB, padding_idx=0)
 
 
 def lstm_seq2seq_double_softmax() -> nn.Module:
@@ -323,6 +336,16 @@ def translation_batch(batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor, 
     g = torch.Generator().manual_seed(0)
     src = torch.randint(1, VOCAB, (batch_size, 32), generator=g)
     tgt = torch.randint(1, VOCAB, (batch_size, 33), generator=g)
+    return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+
+
+def padded_translation_batch(batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As translation_batch over the 8,000-token vocabulary, right-padded with id 0 after 24 tokens."""
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(1, WIDE_VOCAB, (batch_size, 32), generator=g)
+    tgt = torch.randint(1, WIDE_VOCAB, (batch_size, 33), generator=g)
+    src[:, 24:] = 0
+    tgt[:, 25:] = 0
     return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
 
 

@@ -168,7 +168,7 @@ SCENARIOS += [
     Scenario(
         id="zoo-lstm-seq2seq-sparse-embeddings-are-by-design",
         tool="check_gradients",
-        arguments=_args("lstm_seq2seq_sparse", "translation_batch"),
+        arguments=_args("lstm_seq2seq_sparse", "padded_translation_batch"),
         expect=[*NO_ALARM, Expect("findings[*].code", "not_contains", "vanishing_gradients")],
         description="nn.Embedding(sparse=True): rows no token used get no gradient, which is not vanishing",
         slow=True,
