@@ -1,7 +1,7 @@
 """More zoo families from tiny configs (no downloads): diffusion, PEFT, MoE, SSM, GNN, RNN, audio conv.
 
 Use the factories as the tools' `model=` (`evals/models/zoo_families.py:mixtral`), the `*_batch` /
-`*_pair` functions as `inputs=`, and `write_checkpoints()` for the verify_checkpoint scenarios.
+`*_pair` functions as `inputs=`, and `write_checkpoint(name)` for the verify_checkpoint scenarios.
 Each family needs its package (diffusers, peft, torch_geometric, transformers: the `[zoo]` extra)
 except the LSTM/GRU seq2seq, which is plain torch. The scenarios are in evals/scenarios/zoo_families.py.
 
@@ -377,27 +377,17 @@ def mixtral_flops(batch: int = 2, seq: int = SEQ) -> int:
 CHECKPOINTS = Path(__file__).with_name("zoo_checkpoints") / "families"  # generated, git-ignored
 
 
-def write_checkpoints(folder: Path = CHECKPOINTS) -> Path:
-    """Save each state dict the family scenarios read (idempotent): `<factory>.pt` and PEFT's adapter folder."""
-    import importlib.util
-
+def write_checkpoint(name: str, folder: Path = CHECKPOINTS) -> Path:
+    """Save `name`'s checkpoint (idempotent): `<name>.pt` from torch.save(model.state_dict()), or for
+    `qwen2_lora` the folder peft's save_pretrained writes (adapter_config.json, adapter_model.safetensors)."""
     folder.mkdir(parents=True, exist_ok=True)
-    needs = {
-        "lstm_seq2seq": (),
-        "gat": ("torch_geometric",),
-        "unet": ("diffusers",),
-        "vae": ("diffusers",),
-        "mixtral": ("transformers",),
-        "mamba": ("transformers",),
-        "wav2vec2": ("transformers",),
-    }
-    for name, modules in needs.items():
-        target = folder / f"{name}.pt"
-        if target.exists() or any(importlib.util.find_spec(m) is None for m in modules):
-            continue
-        torch.manual_seed(0)
+    torch.manual_seed(0)
+    if name == "qwen2_lora":
+        target = folder / name
+        if not (target / "adapter_config.json").exists():
+            qwen2_lora().save_pretrained(target)
+        return target
+    target = folder / f"{name}.pt"
+    if not target.exists():
         torch.save(globals()[name]().state_dict(), target)
-    adapter = folder / "qwen2_lora"
-    if importlib.util.find_spec("peft") is not None and not (adapter / "adapter_config.json").exists():
-        qwen2_lora().save_pretrained(adapter)
-    return folder
+    return target
