@@ -30,6 +30,7 @@ Analytic FLOP counts the profile scenarios compare with (2 FLOPs per multiply-ad
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -385,7 +386,9 @@ def write_checkpoint(name: str, folder: Path = CHECKPOINTS) -> Path:
     if name == "qwen2_lora":
         target = folder / name
         if not (target / "adapter_config.json").exists():
-            qwen2_lora().save_pretrained(target)
+            with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 name deprecated for v6
+                warnings.simplefilter("ignore", FutureWarning)
+                qwen2_lora().save_pretrained(target)
         return target
     target = folder / f"{name}.pt"
     if not target.exists():
