@@ -224,3 +224,30 @@ def test_a_question_that_points_back_asks_about_the_sentence_before_it(router: R
         "How can I do that? Any help is appreciated."
     )
     assert _first(router, query) == "module-design-patterns"
+
+
+DDP_REENTRANT = (
+    "RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
+    "following reasons: 1) Use of a module parameter outside the `forward` function. 2) Reused parameters "
+    "in multiple reentrant backward passes. For example, if you use multiple `checkpoint` functions to "
+    "wrap the same part of your model, it would result in the same set of parameters been used by "
+    "different reentrant backward passes multiple times. DDP does not support such use cases in default."
+)
+
+
+def test_a_pasted_error_line_is_evidence_only_for_the_skill_whose_message_it_is(router: Router):
+    """The words on the line of a pasted DDP error (reentrant backward, `checkpoint`, forward) add
+    nothing to another skill's score: custom-autograd scores the same with and without that line."""
+    title, tail = "gradient checkpointing breaks under torchrun", "Single GPU is fine."
+    pasted = router.route(f"{title}\n{DDP_REENTRANT}\n{tail}")
+    bare = router.route(f"{title}\n{tail}")
+    assert pasted.skills[0] == "distributed-training-strategies"
+    for skill in ("custom-autograd-functions", "module-design-patterns", "checkpointing-and-reproducibility"):
+        assert pasted.scores[skill] == bare.scores[skill], skill
+
+
+def test_a_message_quoted_mid_sentence_leaves_the_sentence_to_every_skill(router: Router):
+    """Only a line that opens with the message is the message's: quoted inside a sentence, the
+    sentence's words still count for the other skills."""
+    quoted = router.route(f"after I turned on gradient checkpointing the job said {DDP_REENTRANT}")
+    assert quoted.scores["custom-autograd-functions"] > 0

@@ -82,6 +82,9 @@ RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the
 # in passing does not decline a real PyTorch problem.
 OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4, "on sight": 0.0}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
+MESSAGE_LEAD = (
+    3  # a line is a pasted message's when the message starts within its first terms ("RuntimeError:")
+)
 # A symptomless post that asks for help or lists its setup is vague unless one of its questions
 # names something routable on its own.
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
@@ -326,17 +329,19 @@ class Router:
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         around: set[str] = set()
+        seen = self._seen_by_skill(query, qset, ordered)
         for phrase in self.phrases:
-            s, coverage = self._phrase_score(phrase, qset, ordered, negated)
+            q_ordered, q_set = seen.get(phrase.skill, (ordered, qset))
+            s, coverage = self._phrase_score(phrase, q_set, q_ordered, negated)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
-                hit_terms[phrase.skill].update(t for t in phrase.terms if t in qset and not _NUMBER.match(t))
+                hit_terms[phrase.skill].update(t for t in phrase.terms if t in q_set and not _NUMBER.match(t))
                 if coverage >= SYMPTOM_COVERAGE:
                     whole.add(phrase.skill)
                 if (
                     phrase.kind in SYMPTOM_KINDS
                     and coverage >= SYMPTOM_COVERAGE
-                    and any(t in qset and t not in self.topic_terms for t in phrase.terms)
+                    and any(t in q_set and t not in self.topic_terms for t in phrase.terms)
                 ):
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
@@ -348,13 +353,44 @@ class Router:
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
             # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
-            own = {t for t in qset & self.vocab[skill] if not _NUMBER.match(t)}
+            own = {t for t in seen.get(skill, (ordered, qset))[1] & self.vocab[skill] if not _NUMBER.match(t)}
             term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in own)
             hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
         around -= set().union(*pasted.values())
         return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole, around)
+
+    def _seen_by_skill(
+        self, query: str, qset: set[str], ordered: list[str]
+    ) -> dict[str, tuple[list[str], set[str]]]:
+        """The query's terms as each skill may read them, for the skills that may not read it whole:
+        a line that opens with another skill's error message word for word is that message's (the words
+        of a pasted DDP error that names `checkpoint` and "reentrant backward" are not custom-autograd
+        evidence); a message quoted inside a sentence leaves the sentence to every skill. Skills whose
+        view is the whole query are left out."""
+        if not any(set(p.terms) <= qset for p in self.verbatim):
+            return {}
+        lines = [terms(line, self.synonyms) for line in query.splitlines()]
+        holders: list[set[str]] = [set() for _ in lines]
+        for phrase in self.verbatim:
+            if set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
+                for held, line in zip(holders, lines, strict=True):
+                    if any(
+                        _sequence_at(phrase.terms, line, k) for k in range(min(MESSAGE_LEAD + 1, len(line)))
+                    ):
+                        held.add(phrase.skill)
+        seen = {}
+        for skill in self.table.routes:
+            if any(held and skill not in held for held in holders):
+                kept = [
+                    t
+                    for held, line in zip(holders, lines, strict=True)
+                    if not held or skill in held
+                    for t in line
+                ]
+                seen[skill] = (kept, set(kept))
+        return seen
 
     def _line_terms(self, query: str, phrase: _Phrase) -> set[str]:
         """The loose terms of the lines that hold `phrase` word for word (a pasted message's line)."""
@@ -773,17 +809,17 @@ class _Positions:
         for i, w in enumerate(words):
             self._at.setdefault(w, []).append(i)
 
-    def of(self, word: str) -> list[int]:
-        return sorted(i for form in _forms(word) for i in self._at.get(form, ()))
+    def of(self, word: str, forms: bool = True) -> list[int]:
+        return sorted(i for form in (_forms(word) if forms else (word,)) for i in self._at.get(form, ()))
 
-    def has(self, word: str) -> bool:
-        return any(form in self._at for form in _forms(word))
+    def has(self, word: str, forms: bool = True) -> bool:
+        return any(form in self._at for form in (_forms(word) if forms else (word,)))
 
-    def near(self, needle: tuple[str, ...], gap: int = SIGN_GAP) -> bool:
-        if not needle or not all(self.has(t) for t in needle):
+    def near(self, needle: tuple[str, ...], gap: int = SIGN_GAP, forms: bool = True) -> bool:
+        if not needle or not all(self.has(t, forms) for t in needle):
             return False
-        following = [self.of(t) for t in needle[1:]]
-        for pos in self.of(needle[0]):
+        following = [self.of(t, forms) for t in needle[1:]]
+        for pos in self.of(needle[0], forms):
             for places in following:
                 pos = next((j for j in places if pos < j <= pos + 1 + gap), -1)
                 if pos < 0:
@@ -793,7 +829,19 @@ class _Positions:
         return False
 
 
-def _in_order(needle: tuple[str, ...], haystack: list[str]) -> bool:
-    """Whether needle's terms appear in haystack in the same order (not necessarily adjacent)."""
-    it = iter(haystack)
-    return all(any(h == t for h in it) for t in needle)
+def _sequence_at(needle: tuple[str, ...], haystack: list[str], start: int, gap: int = SIGN_GAP) -> bool:
+    """Whether needle's terms stand in haystack from `start` on, each at most `gap` terms after the last."""
+    if haystack[start] != needle[0]:
+        return False
+    pos = start
+    for t in needle[1:]:
+        pos = next((j for j in range(pos + 1, min(pos + 2 + gap, len(haystack))) if haystack[j] == t), -1)
+        if pos < 0:
+            return False
+    return True
+
+
+def _in_order(needle: tuple[str, ...], haystack: list[str], gap: int = SIGN_GAP) -> bool:
+    """Whether needle's terms appear in haystack in the same order, each at most `gap` other terms
+    after the previous one: a message pasted word for word, not its words spread over a long log."""
+    return _Positions(haystack).near(needle, gap=gap, forms=False)
