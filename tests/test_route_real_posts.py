@@ -251,3 +251,34 @@ def test_a_message_quoted_mid_sentence_leaves_the_sentence_to_every_skill(router
     sentence's words still count for the other skills."""
     quoted = router.route(f"after I turned on gradient checkpointing the job said {DDP_REENTRANT}")
     assert quoted.scores["custom-autograd-functions"] > 0
+
+
+def test_a_one_word_mistakes_row_does_not_overturn_the_phrase_scores(router: Router):
+    """Host RAM that slowly grows every epoch is a memory question: the word "slowly" no longer lets
+    the "training is slow" row of the mistakes table (advice for agents) reorder the answer."""
+    query = (
+        "My validation loop slowly eats the machine's RAM, about 1 GB more every epoch, until the OOM "
+        "killer ends the job. Training alone stays flat."
+    )
+    result = router.route(query)
+    assert result.skills[0] == "tensor-operations-and-memory"
+    assert result.rule is None
+
+
+def test_timing_a_custom_layer_is_profiling(router: Router):
+    """Measuring a custom layer's time is a profiling question, not a module-design one."""
+    query = (
+        "I benchmark my custom attention layer with time.time() around the call and it says 0.02 ms, yet "
+        "the whole model got slower. How do I time it properly?"
+    )
+    assert _first(router, query) == "performance-profiling"
+
+
+def test_saving_a_deepspeed_zero3_model_starts_with_checkpointing_by_a_precedence_row(router: Router):
+    """Gathering a ZeRO-3 model's state_dict to save it is the sharded-save precedence row's case."""
+    result = router.route(
+        "[zero3] model.state_dict() is empty placeholders under ZeRO-3, how do I gather the full weights "
+        "from every rank to save them?"
+    )
+    assert result.skills[:2] == ["checkpointing-and-reproducibility", "distributed-training-strategies"]
+    assert result.rule is not None and result.rule.startswith("precedence table")

@@ -24,10 +24,12 @@ How it decides (deterministic; the phrase scores are the only ranking):
    evidence, or its evidence is one term ("checkpoint", "pretrained") or single words with no
    phrase, or it says a vague phrasing, a help word or a setup list while none of its questions
    names anything routable.
-3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" or
-   "Common routing mistakes" row fires (its terms outside file paths and other skills' pasted
-   messages; its first skill with its own evidence; the most specific row, then the one whose
-   first skill scores highest); then the skills scoring FOLLOW_RATIO of the top, three at most.
+3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
+   fires (its terms outside file paths and other skills' pasted messages; its first skill with
+   its own evidence; the most specific row, then the one whose first skill scores highest; the
+   "Common routing mistakes" table is advice for agents, not a rule); then the skills scoring
+   FOLLOW_RATIO of the top, three at most. A line that opens with one skill's error message
+   word for word is evidence for that skill only.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
@@ -210,7 +212,9 @@ class Router:
         # sharper idf for single terms: zero for a term every skill uses
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
-        self.rules = [(r, self._rule_terms(r)) for r in table.precedence]
+        # only the Precedence table reorders: over every set the mistakes table's one-condition rows
+        # ("training is slow" on "RAM slowly grows") overturned nine right answers and fixed one
+        self.rules = [(r, self._rule_terms(r)) for r in table.precedence if r.source == "precedence"]
         # error messages long enough to recognize when pasted, with their words as rules read them
         self.verbatim = {
             p: set(terms(p.text, self.synonyms, GLUE_WORDS))
