@@ -282,3 +282,27 @@ def test_saving_a_deepspeed_zero3_model_starts_with_checkpointing_by_a_precedenc
     )
     assert result.skills[:2] == ["checkpointing-and-reproducibility", "distributed-training-strategies"]
     assert result.rule is not None and result.rule.startswith("precedence table")
+
+
+def test_a_precedence_term_of_several_words_needs_them_together(router: Router):
+    """ "scale underflows" is not mentioned by a post whose "scaler" and "underflowing" stand apart:
+    a gradient-clipping question under AMP stays with mixed precision."""
+    query = (
+        "With AMP the GradScaler keeps fp16 gradients from underflowing, but my gradient clipping threshold "
+        "now acts on the scaled values. Where does clip_grad_norm_ go relative to scaler.step?"
+    )
+    result = router.route(query)
+    assert result.skills[0] == "mixed-precision-and-optimization"
+    assert result.rule is None
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "after torch.compile the outputs don't match eager any more, max abs diff 2e-2 in fp32",
+        "compiled model results differ from eager mode by 1e-2, which op is it?",
+    ],
+)
+def test_compiled_outputs_that_differ_from_eager_start_with_debugging(router: Router, query: str):
+    """A compiled model whose outputs differ from eager takes the compile-mismatch precedence row."""
+    assert _first(router, query) == "debugging-techniques"

@@ -406,10 +406,12 @@ class Router:
                 found |= set(terms(line, self.synonyms, GLUE_WORDS))
         return found
 
-    def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
+    def _fired_rule(self, ordered: list[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
         of its own: a share of the top score, and a symptom, error or example phrase (a keyword such
-        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough)."""
+        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough). A term of
+        several words is mentioned when they stand together ("scale underflows", not "scaler ...
+        prevent underflow")."""
         scores = found.scores
         top = max(scores.values(), default=0.0)
         best: tuple[tuple[float, ...], PrecedenceRule] | None = None
@@ -421,14 +423,16 @@ class Router:
             # about); the other words on a pasted message's line are the message's too
             own_skills = {rule.first, *rule.then}
             pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
-            terms_here = qset - pasted - found.around_pasted
-            if not any(set(t) <= terms_here for t in first_terms):
+            here = _Positions([t for t in ordered if t not in pasted and t not in found.around_pasted])
+            if not any(here.near(t, forms=False) for t in first_terms):
                 continue
-            if second_terms and not any(set(t) <= terms_here for t in second_terms):
+            if second_terms and not any(here.near(t, forms=False) for t in second_terms):
                 continue
             if not second_terms:
                 # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
-                own = {w for t in first_terms if set(t) <= terms_here for w in t}  # the words that fired it
+                own = {
+                    w for t in first_terms if here.near(t, forms=False) for w in t
+                }  # the words that fired it
                 if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
                     continue
             specificity = 1 if second_terms else 0
@@ -637,7 +641,7 @@ class Router:
             )
 
         # 3. route: the highest phrase score first, unless a precedence rule says where the cause is
-        rule = self._fired_rule(set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS)), found)
+        rule = self._fired_rule(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS), found)
         order = [rule.first, *[s for s in rule.then if s != rule.first]] if rule is not None else []
         for skill in ranked:
             if skill not in order and (not order or scores[skill] >= FOLLOW_RATIO * top) and len(order) < 3:
