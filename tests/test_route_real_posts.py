@@ -306,3 +306,20 @@ def test_a_precedence_term_of_several_words_needs_them_together(router: Router):
 def test_compiled_outputs_that_differ_from_eager_start_with_debugging(router: Router, query: str):
     """A compiled model whose outputs differ from eager takes the compile-mismatch precedence row."""
     assert _first(router, query) == "debugging-techniques"
+
+
+def test_a_loss_that_does_not_decrease_reads_as_a_loss_that_does_not_go_down(router: Router):
+    """ "doesn't decrease" is the same symptom as "doesn't go down": the same debugging score, which
+    outweighs a pretrained checkpoint named in passing."""
+    decrease = router.route("my training loss doesn't decrease after loading the pretrained checkpoint")
+    go_down = router.route("my training loss doesn't go down after loading the pretrained checkpoint")
+    assert decrease.scores["debugging-techniques"] == go_down.scores["debugging-techniques"]
+
+
+def test_choosing_between_sgd_and_adam_is_an_optimizer_question(router: Router):
+    """A post comparing optimizers it chose (SGD fine, Adam bad) is routed to optimization, not asked about."""
+    query = (
+        "If I choose SGD as in your example the reconstruction is fine, but if I choose Adam at lr=5 it "
+        "looks bad. Any suggestion for getting the same quality with Adam?"
+    )
+    assert _first(router, query) == "mixed-precision-and-optimization"
