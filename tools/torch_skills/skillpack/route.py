@@ -774,11 +774,15 @@ def _is_question(sentence: str) -> bool:
     return sentence.endswith("?") or first in _ASKING
 
 
+# a Markdown emphasis underscore around a word (`_tf.stop_gradient(x)_`), not one inside a name
+_EMPHASIS = re.compile(r"(?<!\w)_(?=[a-z])|(?<=[a-z0-9)])_(?!\w)")
+
+
 def _words(text: str) -> list[str]:
     """Words for out-of-scope and PyTorch signs: lower-cased first (no CamelCase split), no stemming,
     glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
     out = []
-    for tok in tokens(text.lower()):
+    for tok in tokens(_EMPHASIS.sub(" ", text.lower())):
         out.append(tok)
         if _NUMBER.match(tok):
             continue  # a version ('12.4') is one word: split, it would push a sign's words apart
