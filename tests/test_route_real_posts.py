@@ -91,6 +91,8 @@ def test_a_vague_post_is_never_routed_on_one_keyword(router: Router, query: str)
         "our results are two points lower than the paper, how do I reproduce them?",
         "I cannot reproduce the accuracy reported in the paper with the released config",
         "Reproduction results are lower than reported in your paper. Is there a trick in training?",
+        "I can't reproduce the accuracy from your paper on CIFAR-100 with the released config, I only get "
+        "61%. Could you give me some tips to reproduce your best results?",
     ],
 )
 def test_reproducing_a_papers_numbers_is_vague_not_determinism(router: Router, query: str):
