@@ -12,8 +12,9 @@ How it decides (deterministic; the phrase scores are the only ranking):
 0. Read: drop the "Not evidence" lines (a `collect_env` dump, issue-template headings, a drawn
    `nvidia-smi` table); apply "Words users use"; stem. Score each skill: the idf-weighted share
    of each of its phrases found in the post (from 50%), best phrases first with diminishing
-   weight, plus its single terms. A *symptom* is a symptom, error or example phrase found (80%)
-   through a word that is not a topic term (keywords, setup and topic words).
+   weight, plus its single terms; a line that opens with one skill's error message word for
+   word counts for that skill only. A *symptom* is a symptom, error or example phrase found
+   (80%) through a word that is not a topic term (keywords, setup and topic words).
 1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a Keras
    progress bar, `ttnn`, an import line), when an "Out of scope" topic's signs outweigh the
    skills' evidence as its row says (a post that names PyTorch keeps the `unless` topics; one
@@ -25,11 +26,10 @@ How it decides (deterministic; the phrase scores are the only ranking):
    phrase, or it says a vague phrasing, a help word or a setup list while none of its questions
    names anything routable.
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
-   fires (its terms outside file paths and other skills' pasted messages; its first skill with
-   its own evidence; the most specific row, then the one whose first skill scores highest; the
-   "Common routing mistakes" table is advice for agents, not a rule); then the skills scoring
-   FOLLOW_RATIO of the top, three at most. A line that opens with one skill's error message
-   word for word is evidence for that skill only.
+   fires (its terms, each term's words together, outside file paths and other skills' pasted
+   messages; its first skill with its own evidence; the most specific row, then the one whose
+   first skill scores highest; "Common routing mistakes" is advice for agents, not a rule);
+   then the skills scoring FOLLOW_RATIO of the top, three at most.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
