@@ -325,3 +325,13 @@ def test_choosing_between_sgd_and_adam_is_an_optimizer_question(router: Router):
         "looks bad. Any suggestion for getting the same quality with Adam?"
     )
     assert _first(router, query) == "mixed-precision-and-optimization"
+
+
+def test_a_pasted_message_filled_with_values_is_still_read_word_for_word(router: Router):
+    """The shapes a message was filled with ('[64, 3, 7, 7]') do not break the word-for-word match
+    that marks a pasted error (its score boost and its line's ownership)."""
+    query = (
+        "RuntimeError: Given groups=1, weight of size [64, 3, 7, 7], expected input[8, 1, 224, 224] to "
+        "have 3 channels, but got 1 channels instead"
+    )
+    assert "debugging-techniques" in router._evidence(query).pasted

@@ -376,12 +376,16 @@ class Router:
         if not any(set(p.terms) <= qset for p in self.verbatim):
             return {}
         lines = [terms(line, self.synonyms) for line in query.splitlines()]
+        words = [
+            _unnumbered(line) for line in lines
+        ]  # a message's values ('[64, 3, 7, 7]') are not its words
         holders: list[set[str]] = [set() for _ in lines]
         for phrase in self.verbatim:
             if set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
-                for held, line in zip(holders, lines, strict=True):
-                    if any(
-                        _sequence_at(phrase.terms, line, k) for k in range(min(MESSAGE_LEAD + 1, len(line)))
+                needle = tuple(_unnumbered(phrase.terms))
+                for held, line in zip(holders, words, strict=True):
+                    if needle and any(
+                        _sequence_at(needle, line, k) for k in range(min(MESSAGE_LEAD + 1, len(line)))
                     ):
                         held.add(phrase.skill)
         seen = {}
@@ -855,5 +859,10 @@ def _sequence_at(needle: tuple[str, ...], haystack: list[str], start: int, gap: 
 
 def _in_order(needle: tuple[str, ...], haystack: list[str], gap: int = SIGN_GAP) -> bool:
     """Whether needle's terms appear in haystack in the same order, each at most `gap` other terms
-    after the previous one: a message pasted word for word, not its words spread over a long log."""
-    return _Positions(haystack).near(needle, gap=gap, forms=False)
+    after the previous one: a message pasted word for word, not its words spread over a long log.
+    Numbers are left out on both sides: they are the values a message was filled with."""
+    return _Positions(_unnumbered(haystack)).near(tuple(_unnumbered(needle)), gap=gap, forms=False)
+
+
+def _unnumbered(items: tuple[str, ...] | list[str]) -> list[str]:
+    return [t for t in items if not _NUMBER.match(t)]
