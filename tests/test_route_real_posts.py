@@ -335,3 +335,14 @@ def test_a_pasted_message_filled_with_values_is_still_read_word_for_word(router:
         "have 3 channels, but got 1 channels instead"
     )
     assert "debugging-techniques" in router._evidence(query).pasted
+
+
+def test_markdown_emphasis_around_code_does_not_hide_another_framework(router: Router):
+    """`_tf.stop_gradient(x)_` (code set in Markdown italics) still shows TensorFlow's `tf` sign."""
+    query = (
+        "Why do you use _tf.stop_gradient(-x)_ in the quantizer instead of _tf.stop_gradient(x)_? I don't "
+        "see how the straight-through estimator works here."
+    )
+    result = router.route(query)
+    assert result.status == "out_of_scope"
+    assert result.out_of_scope == "TensorFlow or Keras"
