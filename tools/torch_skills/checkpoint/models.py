@@ -68,8 +68,8 @@ class VerifyCheckpointRequest(ModelInputs):
     )
     model: str | None = Field(  # type: ignore[assignment]
         default=None,
-        description="optional model factory 'path/to/file.py:build'; compares the checkpoint's keys "
-        "and shapes with the model's state dict",
+        description="optional model factory 'file.py:build': the checkpoint's keys and shapes are "
+        "checked against its state dict",
     )
     load_and_run: bool = Field(
         default=False,
