@@ -116,3 +116,13 @@ async def test_profile_wording_names_the_threads_the_default_run_used(own_client
     words = f"({used} thread)" if used == 1 else f"({used} threads)"
     assert data["cpu_threads"] == used and data["device_name"].endswith(words)
     assert words in data["summary"] and len(re.findall(r"\(\d+ threads?\)", data["summary"])) == 1
+
+
+@pytest.mark.slow
+async def test_check_distributed_runs_each_rank_with_the_threads_asked(own_client, project):
+    """cpu_threads is per rank: every rank's forward ran with it and run.cpu_threads says so."""
+    arguments = _arguments("check_distributed", project, cpu_threads=3, steps=1)
+    result = await own_client.call_tool("check_distributed", arguments)
+    assert not result.is_error, result.content[0].text
+    run = result.structured_content["run"]
+    assert _forward_threads(run["output"]) == {3} and run["cpu_threads"] == 3

@@ -8,10 +8,10 @@ The rule for cpu_threads=None: the cores this process may run on (sched_getaffin
 1-minute load average, rounded to the nearest whole core, at least 1 and at most torch's own
 default (one per physical core). Why: torch's
 intra-op threads meet at a barrier after every op, so one thread that waits for a busy core
-stalls them all. On the 2-core project machine a 20M-parameter GPT-2 training step with 2
-threads ran 1.6x faster than with 1 on an idle machine, and 1.5-3x slower as soon as one other
-process kept a core busy (bench numbers in bench/README.md, `real_models.py` row); users measured
-7-10x on check_gradients and estimate_memory under heavier load (issue 26).
+stalls them all. Measured on the 2-core project machine (a 20M-parameter GPT-2, batch 4 x 128,
+one AdamW training step, medians): at load 5.9, 1 thread 1.45 s and 2 threads 8.48 s (5.8x
+slower); users measured 7-10x on check_gradients and estimate_memory under load (issue 26).
+A core counts as idle when it is less than half busy, so an idle machine keeps all its cores.
 
 Known limitations: the load average lags a minute (a burst that just started is missed, one that
 just ended still counts) and counts processes on cores outside this process's affinity mask; a
