@@ -209,7 +209,7 @@ class ProfileResult(BaseModel):
     device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
     cpu_threads: int = Field(
         default=1,
-        description="torch intra-op threads the measured steps ran with (cpu_threads, or torch's default)",
+        description="torch intra-op threads the measured steps ran with (cpu_threads, or the default rule's count)",
     )
     cpu_load: float | None = Field(
         default=None,
