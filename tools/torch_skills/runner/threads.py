@@ -9,13 +9,13 @@ The rule for cpu_threads=None: the cores this process may run on (sched_getaffin
 default (one per physical core).
 
 Why: torch's intra-op threads meet at a barrier after every op, so one thread that waits for a
-busy core stalls them all. Measured on the 2-core project machine at load 6-8 (another job on every core):
-a 14M-parameter GPT-2 AdamW step (batch 4 x 128) took 1.45 s on 1 thread and 8.48 s on 2;
-through the server, 2 threads (torch's default there, what the tools used before) against this
-rule's 1, medians of 3 alternating calls: check_gradients 18.2 s vs 5.8 s on a 28M BERT and
-7.0 s vs 1.4 s on an 11M ResNet, estimate_memory 4.2 s vs 3.9 s and 5.7 s vs 3.2 s. Users
-measured 7-10x (issue 26). A core counts as idle when it is less than half busy, so a quiet
-machine keeps all its cores (not measured here: the machine was never quiet).
+busy core stalls them all. Measured on the 2-core project machine at load 6-8 (another job on
+every core): a 14M-parameter GPT-2 AdamW step (batch 4 x 128) took 1.45 s on 1 thread and
+8.48 s on 2; through the server, 2 threads (torch's default there, what the tools used before)
+against this rule's 1, medians of 3 alternating calls: check_gradients 18.2 s vs 5.8 s on a 28M
+BERT and 7.0 s vs 1.4 s on an 11M ResNet, estimate_memory 4.2 s vs 3.9 s and 5.7 s vs 3.2 s.
+Users measured 7-10x (issue 26). A core counts as idle when it is less than half busy, so a
+quiet machine keeps all its cores (not measured here: the machine was never quiet).
 
 Known limitations: the load average lags a minute (a burst that just started is missed, one that
 just ended still counts) and counts processes on cores outside this process's affinity mask; a
