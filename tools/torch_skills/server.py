@@ -528,7 +528,7 @@ Use it before an OOM ("will it fit?") or after one ("what takes the memory?").""
 
 Times the step without the profiler (median, IQR), then profiles it: top operators, time per
 phase and top-level module, FLOPs and MFU, bytes moved, peak memory, loader wait, host syncs
-(.item() and the like, named with module and line). Returns the bottleneck (data_loading,
+(.item() etc., with module and line). Returns the bottleneck (data_loading,
 cpu_overhead, compute, memory_bandwidth or unknown) with its evidence, and findings naming
 the skill that fixes it. Use it before optimizing a slow training loop.""",
     ),

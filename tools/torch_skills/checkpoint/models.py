@@ -70,8 +70,8 @@ class VerifyCheckpointRequest(ModelInputs):
     )
     model: str | None = Field(  # type: ignore[assignment]
         default=None,
-        description="optional model factory 'path/to/file.py:build'; compares the checkpoint's keys "
-        "and shapes with the model's state dict (for a PEFT adapter folder: the base model it goes on)",
+        description="optional model factory 'file.py:build': keys and shapes are checked against its "
+        "state dict (for a PEFT adapter folder: the base model)",
     )
     load_and_run: bool = Field(
         default=False,

@@ -314,7 +314,6 @@ def _forward(
 
 
 def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointResult:
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     path = resolve_checkpoint_path(request.path, job)
     job.progress(0, 4, "static scan (nothing is loaded yet)")
     policy = Policy(numpy=request.allow_numpy, data_classes=request.allow_data_classes)

@@ -1,4 +1,4 @@
-"""What each forked child does: isolate itself, run one tool function, write its result.
+"""What each forked child does: isolate itself, set torch's threads, run one tool function, write its result.
 
 `run_child` is called by the zygote right after fork and never returns. Tool functions have the
 form `def run(request: SomeRequest, job: JobContext) -> SomeResult` (pydantic models); the
@@ -26,6 +26,7 @@ from typing import Any
 from torch_skills.runner import proctree, protocol
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.libraries import installed_imports
+from torch_skills.runner.threads import run_threads
 from torch_skills.runner.tracebacks import MAX_CHARS, user_location, user_traceback
 
 
@@ -38,6 +39,7 @@ class JobContext:
         self.allowed_roots = [Path(r) for r in allowed_roots]
         self.cwd = Path(cwd)
         self.started = time.perf_counter()
+        self.cpu_threads: int | None = None  # torch intra-op threads the run used (runner.threads)
         self._progress_path = job_dir / protocol.PROGRESS_FILE
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
@@ -198,6 +200,9 @@ def run_child(message: dict[str, Any], write_fd: int, _protocol_fd: int) -> None
         fn, request_type = _resolve(message["fn"])
         payload = json.loads((job_dir / protocol.REQUEST_FILE).read_text())
         request = request_type.model_validate(payload) if hasattr(request_type, "model_validate") else payload
+        # Every run's thread count is set here, before any user code (a worker may change it and
+        # say so in ctx.cpu_threads, as check_distributed does for its ranks).
+        ctx.cpu_threads = run_threads(getattr(request, "cpu_threads", None))
         result = fn(request, ctx)
         data = result.model_dump(mode="json") if hasattr(result, "model_dump") else result
         _write_json(
@@ -206,6 +211,7 @@ def run_child(message: dict[str, Any], write_fd: int, _protocol_fd: int) -> None
                 "result": data,
                 "wall_time_s": time.perf_counter() - ctx.started,
                 "device": str(device),
+                "cpu_threads": ctx.cpu_threads,
                 "libraries": installed_imports(before),
             },
         )
