@@ -210,10 +210,9 @@ def _fast_header(raw: bytes) -> tuple[_Columns, Any] | None:
     other layout returns None and goes through the full JSON parser, which says what is wrong.
     """
     try:
-        text = raw.decode("utf-8")
+        body = raw.decode("utf-8").rstrip(" ")  # each step below drops the previous copy
     except UnicodeDecodeError:
         return None
-    body = text.rstrip(" ")
     if not body.startswith("{") or not body.endswith("}"):
         return None
     body = body[1:-1]
@@ -230,6 +229,8 @@ def _fast_header(raw: bytes) -> tuple[_Columns, Any] | None:
     if not body:
         return _Columns([], [], [], [], []), metadata
     parts = _ENTRY.split(body)
+    escaped = "\\" in body  # only names can hold a backslash here
+    del body
     if len(parts) == 1 or any(parts[:: _GROUPS + 1]):
         return None  # text between (or around) the entries that the pattern did not take
     names = parts[1 :: _GROUPS + 1]
@@ -238,7 +239,7 @@ def _fast_header(raw: bytes) -> tuple[_Columns, Any] | None:
     begins_text, ends_text = parts[4 :: _GROUPS + 1], parts[5 :: _GROUPS + 1]
     del parts
     try:
-        if "\\" in body:  # only names can hold a backslash here: decode their escapes as JSON does
+        if escaped:  # decode the names' escapes as JSON does
             names = json.loads('["' + '","'.join(names) + '"]')
         # the pattern let through only digits, commas and whitespace: each shape is a JSON list
         shapes = json.loads("[[" + "],[".join(shapes_text) + "]]")
