@@ -19,7 +19,7 @@ are reported as a warning (the reference reader refuses them too). No third-part
 
 Cost: the usual layout (what safetensors writers emit) is read by one pattern split and checked in
 bulk over columns, with the garbage collector paused; `header.tensors` is built on first use. A
-500,000-entry header then costs about 1.3-1.7x a bare `json.loads` of it with the collector paused
+500,000-entry header then costs about 1.2-1.4x a bare `json.loads` of it with the collector paused
 (bench/scan_cost.py). Known limitations: any other layout (`__metadata__` last, other key order),
 and any header with a bad entry, a gap or an overlap, is checked entry by entry: 3-5x `json.loads`
 at that size, linear in any case.
