@@ -19,18 +19,21 @@ the static scan, then, when the scan calls it safe, loading it, the tensor summa
 count and the resume analysis. Peak memory is the child's peak resident set minus its resident
 set after imports (ru_maxrss), so it includes the scan's buffers and the loaded objects.
 For the safetensors shape the baseline is `json.loads` of its header alone in the same child (the
-least any reader does); the scan and the baseline are run alternately REPEATS times and the
-ratio of their fastest runs is printed. Numbers come from a shared, loaded 2-core
+least any reader does), as it comes and with the garbage collector paused (as the reader runs);
+the scan and the baselines are run alternately REPEATS times and the ratios of their medians are
+printed. Numbers come from a shared, loaded 2-core
 machine: compare within one run, not across runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
 import resource
+import statistics
 import struct
 import subprocess
 import sys
@@ -165,7 +168,7 @@ SHAPES = {
 }
 
 
-REPEATS = 3  # interleaved runs of the scan and of the json.loads baseline (safetensors shape)
+REPEATS = 5  # interleaved runs of the scan and of the json.loads baselines (safetensors shape)
 
 
 def measure(path: Path) -> dict:
@@ -194,22 +197,28 @@ def measure(path: Path) -> dict:
             verdict += f" (load refused: {str(e)[:60]})"
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    baseline = None  # measured last, so its memory does not hide the scan's peak
+    baseline = baseline_nogc = None  # measured last, so its memory does not hide the scan's peak
     if path.suffix == ".safetensors":  # baseline: only parsing the header JSON, what any reader must do
         with open(path, "rb") as f:
             raw = f.read(struct.unpack("<Q", f.read(8))[0])
-        # alternate the two REPEATS times and keep each one's fastest: a loaded machine's stalls hit
-        # single runs unevenly, the minimum of interleaved runs is what each costs
-        baselines, scans = [], [scanned]
+        # interleave the three REPEATS times: json.loads as it comes, json.loads with the garbage
+        # collector paused (the reader pauses it too, so this is the like-for-like floor), the scan;
+        # a loaded machine's stalls hit single runs unevenly, so each one's median is compared
+        baselines, floors, scans = [], [], [scanned]
         for i in range(REPEATS):
             t0 = time.perf_counter()
             json.loads(raw)
             baselines.append(time.perf_counter() - t0)
+            gc.disable()
+            t0 = time.perf_counter()
+            json.loads(raw)
+            floors.append(time.perf_counter() - t0)
+            gc.enable()
             if i < REPEATS - 1:
                 t0 = time.perf_counter()
                 scan_path(path, Policy())
                 scans.append(time.perf_counter() - t0)
-        baseline, scanned = min(baselines), min(scans)
+        baseline, baseline_nogc, scanned = (statistics.median(x) for x in (baselines, floors, scans))
         del raw
     return {
         "seconds": seconds,
@@ -218,6 +227,7 @@ def measure(path: Path) -> dict:
         "peak_mib": (peak - base) / 1024,
         "verdict": verdict,
         "baseline_seconds": baseline,
+        "baseline_nogc_seconds": baseline_nogc,
     }
 
 
@@ -266,8 +276,10 @@ def main() -> None:
         )
         if r["baseline_seconds"]:
             print(
-                f"{'':22} baseline json.loads of the header alone: {r['baseline_seconds']:.2f} s; the scan takes "
-                f"{r['scan_seconds'] / r['baseline_seconds']:.1f}x that"
+                f"{'':22} baseline json.loads of the header alone: {r['baseline_seconds']:.2f} s "
+                f"({r['baseline_nogc_seconds']:.2f} s with the garbage collector paused); the scan takes "
+                f"{r['scan_seconds'] / r['baseline_seconds']:.2f}x and "
+                f"{r['scan_seconds'] / r['baseline_nogc_seconds']:.2f}x that (medians of {REPEATS})"
             )
     print(
         f"goal: the scan of each shape under {GOAL_SECONDS} s and {GOAL_MIB} MiB; total adds loading and the "

@@ -307,7 +307,30 @@ HEADER_LAYOUTS = {
     "duplicate_name": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}',
     "lying_size": b'{"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}',
     "leading_zero": b'{"a": {"dtype": "F32", "shape": [02], "data_offsets": [0, 8]}}',
+    "offsets_out_of_header_order": b'{"b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}, "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}',
+    "zero_size_tensors": b'{"e": {"dtype": "F32", "shape": [0, 3], "data_offsets": [8, 8]}, "a": {"dtype": "U8", "shape": [2, 4], "data_offsets": [0, 8]}, "s": {"dtype": "BOOL", "shape": [], "data_offsets": [8, 9]}}',
+    "gap_and_overlap": b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [6, 14]}}',
+    "vertical_tab_as_space": b'{"a":\x0b{"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+    "no_comma_between_entries": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]} "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}',
+    "trailing_comma": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},}',
+    "comma_after_metadata_only": b'{"__metadata__": {"k": "v"}, }',
+    "key_twice_in_metadata": b'{"__metadata__": {"k": "v", "k": "w"}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+    "tensor_named_metadata": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}',
+    "bad_escape_in_name": b'{"a\\x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+    "unknown_dtype": b'{"a": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}}',
+    "offsets_past_the_data": b'{"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}',
 }
+FAST_LAYOUTS = (
+    "compact",
+    "spaced_with_metadata",
+    "escaped_and_unicode_names",
+    "lying_size",
+    "offsets_out_of_header_order",
+    "zero_size_tensors",
+    "gap_and_overlap",
+    "unknown_dtype",
+    "offsets_past_the_data",
+)
 
 
 @pytest.mark.parametrize("layout", sorted(HEADER_LAYOUTS))
@@ -319,12 +342,15 @@ def test_the_fast_header_path_agrees_with_the_json_parser(tmp_path, monkeypatch,
     raw += b" " * (-len(raw) % 8)
     path = tmp_path / "h.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
-    if layout in ("compact", "spaced_with_metadata", "escaped_and_unicode_names", "lying_size"):
+    if layout in FAST_LAYOUTS:
         assert sf._fast_header(raw) is not None  # the usual layouts do take the fast path
     fast = sf.read_safetensors_header(path)
     monkeypatch.setattr(sf, "_fast_header", lambda raw: None)
     slow = sf.read_safetensors_header(path)
     as_tuples = lambda h: [(t.name, t.dtype, t.shape, t.begin, t.end) for t in h.tensors]  # noqa: E731
     assert as_tuples(fast) == as_tuples(slow)
-    assert [p.code for p in fast.problems] == [p.code for p in slow.problems]
+    assert [(p.code, p.source, p.message) for p in fast.problems] == [
+        (p.code, p.source, p.message) for p in slow.problems
+    ]
     assert fast.metadata == slow.metadata
+    assert fast.tensor_names == [t.name for t in fast.tensors]

@@ -414,7 +414,7 @@ def _check_index(root: Path, index_scan: FileScan, by_name: dict[str, FileScan])
         header = shard_scan.safetensors
         if header is None:
             continue
-        present = {t.name for t in header.tensors}
+        present = set(header.tensor_names)
         missing = sorted(names - present)
         if missing:
             index_scan.problems.append(
