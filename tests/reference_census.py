@@ -110,21 +110,40 @@ def main() -> dict:
     # The checker's own helpers (inspect.getattr_static, ...) may also be re-exported by a package:
     # entering them is the check itself, not a call of the candidate.
     checker_modules = {"inspect", "functools", "abc", "types", "typing", "pathlib", "posixpath", "os"}
+    own = str(Path(__import__("torch_skills").__file__).resolve().parent)
+    stdlib = [str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib")]
+
+    def in_stdlib(code) -> bool:  # noqa: ANN001
+        return any(os.path.realpath(code.co_filename).startswith(s) for s in stdlib)
+
+    # A decorated third-party candidate may share its code with every function so decorated
+    # (contextlib's `helper` for each @contextmanager, in its methods too): that wrapper is the standard
+    # library's, which the check itself uses; the candidate's own code is what it wraps (`__wrapped__`).
     codes = set()
+    builtin_ids = set()
     for _, _, obj in candidates.values():
         is_function = type(obj).__name__ in ("function", "builtin_function_or_method")
         module = obj.__module__ if is_function else inspect.getattr_static(obj, "__module__", None)
+        if module == "builtins":  # a re-exported builtin (next, len) is the checker's own tool too
+            builtin_ids.add(id(obj))
+            continue
         if module in checker_modules:
             continue
-        for fn in (obj, *(inspect.getattr_static(obj, n, None) for n in ("__init__", "__new__", "__call__"))):
+        wrapped = inspect.getattr_static(obj, "__wrapped__", None) if is_function else None
+        for fn in (
+            obj,
+            wrapped,
+            *(inspect.getattr_static(obj, n, None) for n in ("__init__", "__new__", "__call__")),
+        ):
             code = getattr(fn, "__code__", None) if type(fn).__name__ == "function" else None
-            if code is not None:
+            if code is None:
+                continue
+            shared_wrapper = in_stdlib(code) and str(module).split(".")[0] not in sys.stdlib_module_names
+            if not shared_wrapper:
                 codes.add(id(code))
-    own = str(Path(__import__("torch_skills").__file__).resolve().parent)
-    stdlib = [str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib")]
     entered_foreign: list[str] = []
     called: list[str] = []
-    ids = set(candidates)
+    ids = set(candidates) - builtin_ids
 
     def hook(frame, event, arg):  # noqa: ANN001 - sys.setprofile's signature
         if event == "call":
