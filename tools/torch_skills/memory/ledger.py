@@ -21,7 +21,8 @@ replayed (`torch_skills.memory.timeline`).
 Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
 an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
 except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`),
-whose scratch is recorded as a temporary alive during the op; sparse and wrapper-subclass
+whose scratch is recorded as a temporary alive during the op (`StorageRecord.scratch`), on fake
+tensors from a probe run and on real tensors from the op's own run; sparse and wrapper-subclass
 tensors are skipped.
 """
 
@@ -60,6 +61,7 @@ class StorageRecord:
     phase: str
     module: str
     saved_by: str | None = None  # module (fqn) that packed it for backward, when it is an activation
+    scratch: bool = False  # a kernel's own scratch, measured by a KernelProbe (not a tensor storage)
 
     def promote(self, kind: str) -> None:
         if KIND_RANK[kind] < KIND_RANK[self.kind]:
@@ -134,18 +136,22 @@ class StorageLedger(TorchDispatchMode):
     # -- TorchDispatchMode --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         found = None
-        if self.probe is not None and self.probe.wants(func) and _is_fake(out):
-            found = self.probe.measure(func, args, kwargs)
-            if found is not None:
-                out = _with_true_sizes(out, found.output_numels)
+        if self.probe is not None and self.probe.measures_calls(func) and not _is_fake((args, kwargs)):
+            out, found = self.probe.call(func, args, kwargs)  # a real step: measure the kernel's own run
+        else:
+            out = func(*args, **kwargs)
+            if self.probe is not None and self.probe.wants(func) and _is_fake(out):
+                found = self.probe.measure(func, args, kwargs)
+                if found is not None:
+                    out = _with_true_sizes(out, found.output_numels)
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf)
         name = str(func.overloadpacket.__name__)
         if found is not None and found.scratch_bytes > 0 and self.probe.scratch:
             scratch = self._new_record(found.scratch_bytes, "temporary")
+            scratch.scratch = True
             self.events.append((ALLOC, scratch))
             self._sample(f"{name} (kernel scratch)")
             self.events.append((FREE, scratch))

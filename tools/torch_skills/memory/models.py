@@ -161,6 +161,12 @@ class EstimateMemoryResult(BaseModel):
     cublas_workspace_bytes: int = Field(
         description="cuBLAS workspaces counted in allocated memory (CUDA target)"
     )
+    kernel_scratch_bytes: int = Field(
+        default=0,
+        description="of peak_allocated_bytes, the kernel scratch alive at the peak (convolution/RNN buffers a "
+        "kernel allocates and frees inside one call, measured by running that kernel once for real); "
+        "included in breakdown.temporaries",
+    )
 
     device_memory_bytes: int | None = None
     fits: bool | None = Field(

@@ -5,6 +5,7 @@ Use (the ledger calls it for the ops in PROBED_OPS when their outputs are fake):
     probe = KernelProbe(device="cpu", scratch=True)
     found = probe.measure(func, args, kwargs)      # ProbeResult or None (over budget, failed)
     found.output_nbytes, found.scratch_bytes
+    out, found = probe.call(func, args, kwargs)    # real tensors: run the op and measure that very call
 
 Two kinds of kernel memory are invisible to a trace on fake tensors:
 
@@ -18,6 +19,8 @@ The probe runs the real kernel once per distinct signature (shapes, strides, dty
 arguments), on zero-filled tensors of the traced shapes on the traced device, and measures its
 peak: on CPU from the CPU allocator's profiler events, on CUDA from `max_memory_allocated`.
 `scratch_bytes` is the peak inside the call above the inputs, minus the outputs it returns.
+When the step itself runs on real tensors (the fallback after a failed fake trace), `call` measures
+the op's own run instead, once per signature: without it a real-run estimate misses all scratch.
 
 Known limitations: probing costs one real run of the kernel; a signature whose tensors exceed
 `max_bytes`, or any probe after `budget_s` seconds of probing, is skipped (and counted in
@@ -78,6 +81,27 @@ class KernelProbe:
     def wants(self, func) -> bool:
         return func in WORKSPACE_OPS or (self.scratch and func in SCRATCH_OPS)
 
+    def measures_calls(self, func) -> bool:
+        """Whether `call` should run this op: real tensors, and an op whose scratch is wanted."""
+        return self.scratch and func in SCRATCH_OPS
+
+    def call(self, func, args, kwargs):
+        """Run `func` on real tensors and return (its output, its ProbeResult): the call itself is measured.
+
+        Used when the step runs for real (the fallback after a failed fake trace): the kernel runs anyway,
+        so its scratch is read off the allocator during that same call, once per signature; later calls
+        with the same signature reuse the figure."""
+        key = (func, *(_signature(a) for a in tree_leaves((args, kwargs))))
+        if key in self._cache:
+            return func(*args, **kwargs), self._cache[key]
+        start = time.perf_counter()
+        out, peak = self._peak(lambda: func(*args, **kwargs))
+        self.spent_s += time.perf_counter() - start
+        self.probed += 1
+        result = self._result(out, peak)
+        self._cache[key] = result
+        return out, result
+
     def measure(self, func, args, kwargs) -> ProbeResult | None:
         key = (func, *(_signature(a) for a in tree_leaves((args, kwargs))))
         if key in self._cache:
@@ -107,24 +131,29 @@ class KernelProbe:
 
         with unset_fake_temporarily():  # grad mode as traced: RNN kernels keep their workspace only under it
             real_args, real_kwargs = tree_map(self._zeros_like, (args, kwargs))
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                base = torch.cuda.memory_allocated(self.device)
-                out = func(*real_args, **real_kwargs)
-                torch.cuda.synchronize(self.device)
-                peak = torch.cuda.max_memory_allocated(self.device) - base
-            else:
-                out, peak = _cpu_peak(lambda: func(*real_args, **real_kwargs))
-            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            out_bytes = sum(
-                {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}.values()
-            )
-            return ProbeResult(
-                output_nbytes=tuple(t.untyped_storage().nbytes() for t in outs),
-                output_numels=tuple(t.numel() for t in outs),
-                scratch_bytes=max(0, peak - out_bytes),
-            )
+            out, peak = self._peak(lambda: func(*real_args, **real_kwargs))
+            return self._result(out, peak)
+
+    def _peak(self, fn):
+        """(fn's result, peak bytes the device's allocator held above its level at the call)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            out = fn()
+            torch.cuda.synchronize(self.device)
+            return out, torch.cuda.max_memory_allocated(self.device) - base
+        return _cpu_peak(fn)
+
+    @staticmethod
+    def _result(out, peak: int) -> ProbeResult:
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        out_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}.values())
+        return ProbeResult(
+            output_nbytes=tuple(t.untyped_storage().nbytes() for t in outs),
+            output_numels=tuple(t.numel() for t in outs),
+            scratch_bytes=max(0, peak - out_bytes),
+        )
 
     def _zeros_like(self, value):
         if not isinstance(value, torch.Tensor):

@@ -126,7 +126,7 @@ def trace_step(
             _create_optimizer_state(model, optimizer)
 
         scope = ModuleScope(model)
-        probe = KernelProbe(device, scratch=probe_scratch) if fake else None
+        probe = KernelProbe(device, scratch=probe_scratch)  # real steps: measures the kernels' own calls
         ledger = StorageLedger(scope, probe)
         _adopt_state(ledger, model, batch, optimizer)
         with scope, ledger:

@@ -371,6 +371,7 @@ def _result(
         trainable_parameter_count=trace.trainable_param_count,
         parameter_bytes=trace.param_bytes,
         cublas_workspace_bytes=est.workspace_bytes,
+        kernel_scratch_bytes=est.scratch_bytes,
         device_memory_bytes=capacity,
         fits=est.fits,
         headroom_bytes=(capacity - est.device_bytes) if capacity is not None else None,
