@@ -39,19 +39,41 @@ class Facts:
     kernels_not_probed: int
 
 
-def _trace_advice(failure: str) -> str:
-    """What to change so the next estimate is traced, by where tracing failed."""
+def _trace_advice(failure: str, method: str) -> str:
+    """Whose the failure is and what, if anything, to change, by where and how tracing failed.
+
+    Only called once the real runs succeeded: an error that is not a value read then exists only
+    under fake tensors (a fake kernel that rejects what the real one runs), which is the tool's
+    limit, not the user's bug."""
+    in_library = "site-packages" in failure or "dist-packages" in failure
     if failure.startswith("the model factory"):
         return (
             "A constructor that reads values of a large tensor cannot be traced; compute such values with "
             "Python numbers (or a small torch.linspace/arange) to get a traced estimate."
         )
     if "reads a tensor's value" in failure or "output shape depends" in failure:
+        if in_library:
+            return (
+                "That line is in an installed library, not in your code, so there is nothing for you to change: "
+                "the real runs stand in for the trace. A branch drawn at random in forward (LayerDrop, stochastic "
+                "depth) makes each real step a little different."
+            )
         return (
             "Values read in forward (.item(), .tolist(), branching on a tensor) cannot be traced; move them out "
             "of forward to get a traced estimate."
         )
-    return "Fix the error above to get a traced estimate."
+    same_batch = method == "measured"
+    return (
+        "The real step"
+        + (" at the same batch size" if same_batch else "s at small batch sizes")
+        + " ran without this error, so it exists only under fake tensors: a limit of the tool's tracing (torch's "
+        "fake version of an op rejects what the real kernel runs), not a bug in your code"
+        + (
+            ". Nothing to fix."
+            if same_batch
+            else "; unless the error names shapes that only your requested batch size produces, nothing to fix."
+        )
+    )
 
 
 def memory_findings(f: Facts) -> list[Finding]:
@@ -62,13 +84,15 @@ def memory_findings(f: Facts) -> list[Finding]:
     training = r.mode == "train"
 
     if f.method != "traced":
+        advice = _trace_advice(f.trace_failure or "", f.method)
         out.append(
             Finding(
-                severity="warning",
+                # the user's code to change: a warning; the tool's limit or a library's line: for information
+                severity="info" if "nothing" in advice.lower() else "warning",
                 code="trace_failed_extrapolated",
                 message=(
                     f"Tracing on fake tensors failed: {f.trace_failure}. The figures come from real runs on "
-                    f"{f.traced_on} ({f.method}). {_trace_advice(f.trace_failure or '')}"
+                    f"{f.traced_on} ({f.method}). {advice}"
                 ),
                 skill="debugging-techniques",
             )

@@ -36,7 +36,14 @@ from torch_skills.memory.models import (
 )
 from torch_skills.memory.overheads import local_gpu_is_hopper
 from torch_skills.memory.search import BatchSearch, max_batch_size
-from torch_skills.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
+from torch_skills.memory.trace import (
+    CheckpointTargetMissing,
+    StepSpec,
+    Trace,
+    fake_mode,
+    leading_dim,
+    trace_step,
+)
 from torch_skills.results import BatchRule
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
@@ -170,6 +177,17 @@ class _Tracer:
             return False
         return "batch_size" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
+    def own_batch_size(self) -> int | None:
+        """The batch size the inputs function returns when called without one (its leading dimension).
+
+        Built on fake tensors, so a large default batch is not allocated; None when that fails."""
+        try:
+            with fake_mode(), _quiet_fake_tensor_log():
+                batch = make_batch(self.request, self.job.cwd, self.job.allowed_roots, None, batch_size=None)
+                return leading_dim(batch)
+        except Exception:  # the real runs say what is wrong with the inputs function
+            return None
+
     def trace(
         self, batch_size: int | None, *, fake: bool = True, device: torch.device | None = None
     ) -> Trace:
@@ -220,14 +238,16 @@ def _real_trace(tracer: _Tracer, size: int | None, asked: int | None) -> Trace:
 def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool, failure: str | None):
     """Real runs (no fake tensors) at small batch sizes, extrapolated linearly to `batch`."""
     _check_room_for_real_runs(tracer, failure)
-    if not variable or (batch is not None and batch <= FALLBACK_BATCHES[-1]):
+    # with no batch size asked for, the estimate is for the batch the inputs function returns by itself
+    own = batch if batch is not None else tracer.own_batch_size()
+    if not variable or own is None or own <= FALLBACK_BATCHES[-1]:
         trace = tracer.trace(batch, fake=False)
         est = estimate_trace(trace, target)
         detail = f"one real step at batch size {trace.batch_size} on {tracer.device}, measured with the storage ledger"
         return trace, est, "measured", detail, lambda b: est
     small, large = (_real_trace(tracer, b, batch) for b in FALLBACK_BATCHES)
     e_small, e_large = estimate_trace(small, target), estimate_trace(large, target)
-    want = batch or e_large.batch_size or FALLBACK_BATCHES[-1]
+    want = own
     est = extrapolate(e_small, e_large, want, target.capacity_bytes)
     detail = (
         f"real steps at batch sizes {FALLBACK_BATCHES[0]} and {FALLBACK_BATCHES[1]} on {tracer.device}, measured with the "
