@@ -8,7 +8,7 @@ Thresholds are stated next to each rule; every finding names one specialist skil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch_skills.memory.models import EstimateMemoryRequest, MemoryBreakdown
 from torch_skills.results import Finding, format_bytes
@@ -37,6 +37,8 @@ class Facts:
     checkpoint_candidate: str | None  # class of the repeated block to checkpoint
     grad_accum_extra: int  # bytes the extra micro-batch adds to the peak (gradients alive in forward)
     kernels_not_probed: int
+    # (block class, the peak with it checkpointed), lowest peak first
+    checkpoint_options: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _trace_advice(failure: str, method: str) -> str:
@@ -74,6 +76,21 @@ def _trace_advice(failure: str, method: str) -> str:
             else "; unless the error names shapes that only your requested batch size produces, nothing to fix."
         )
     )
+
+
+def _checkpoint_advice(options: list[tuple[str, int]], peak: int) -> str:
+    """Each estimated checkpointing choice with the peak it gives, the lowest first."""
+    choices = "; ".join(
+        f"activation_checkpointing=['{cls}'] gives a peak of {format_bytes(p)} ({(p - peak) / max(1, peak):+.0%})"
+        for cls, p in options
+    )
+    best, best_peak = options[0]
+    if best_peak >= peak:
+        return (
+            f"checkpointing the repeated blocks does not lower the peak here ({choices}): the peak is not where "
+            "their activations are alive; lower the batch size / sequence length instead"
+        )
+    return f"wrap {best} in activation checkpointing (estimated: {choices})"
 
 
 def memory_findings(f: Facts) -> list[Finding]:
@@ -123,6 +140,8 @@ def memory_findings(f: Facts) -> list[Finding]:
         target = f.checkpoint_candidate or (f.top_saver[1] if f.top_saver and not root_saves else None)
         if r.checkpoint_classes:
             advice = "they stay large with checkpointing on: checkpoint more, or lower the batch size / sequence length"
+        elif f.checkpoint_options:
+            advice = _checkpoint_advice(f.checkpoint_options, f.peak_allocated)
         elif target and not root_saves:
             advice = f"wrap {target} in activation checkpointing (activation_checkpointing=['{target}'] to estimate it)"
         else:

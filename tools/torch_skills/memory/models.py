@@ -104,6 +104,12 @@ class ActivationSaver(BaseModel):
     saved_bytes: int = Field(description="bytes it saved for backward in one forward pass")
 
 
+class CheckpointOption(BaseModel):
+    block_class: str = Field(description="module class whose forward is recomputed in backward")
+    peak_allocated_bytes: int = Field(description="the estimated peak with that class checkpointed")
+    peak_change: float = Field(description="relative change of the peak, e.g. -0.3 for 30% lower")
+
+
 class TracedBatch(BaseModel):
     batch_size: int
     device_bytes: int = Field(description="reserved + context bytes needed at this batch size")
@@ -160,6 +166,11 @@ class EstimateMemoryResult(BaseModel):
     parameter_bytes: int
     cublas_workspace_bytes: int = Field(
         description="cuBLAS workspaces counted in allocated memory (CUDA target)"
+    )
+    checkpointing_options: list[CheckpointOption] = Field(
+        default_factory=list,
+        description="when activations dominate a training step: the repeated block classes to checkpoint, each "
+        "estimated with activation_checkpointing=[class], lowest peak first",
     )
     kernel_scratch_bytes: int = Field(
         default=0,

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import torch
 
+from torch_skills.memory.blocks import NO_FORWARD, checkpoint_candidates
 from torch_skills.memory.construct import describe_trace_failure, fake_safe_construction
 from torch_skills.memory.estimate import Estimate, Target, estimate_trace, extrapolate
-from torch_skills.memory.findings import Facts, memory_findings, memory_summary
+from torch_skills.memory.findings import DOMINANT_SHARE, Facts, memory_findings, memory_summary
 from torch_skills.memory.models import (
     ActivationSaver,
+    CheckpointOption,
     EstimateMemoryRequest,
     EstimateMemoryResult,
     MemoryBreakdown,
@@ -131,9 +133,25 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
             job.progress(2, 4, "searching the largest batch size that fits")
             search = max_batch_size(runner, est, capacity_bytes=capacity)
 
+    options = []
+    if _activations_dominate(request, est) and method in ("traced", "measured"):
+        job.progress(3, 4, "estimating activation checkpointing on the repeated blocks")
+        options = _checkpoint_options(tracer, trace, est, target, batch, fake=method == "traced")
+
     job.progress(3, 4, "writing the result")
     result = _result(
-        request, trace, est, single, method, detail, failure, device, capacity, search, grad_accum_extra
+        request,
+        trace,
+        est,
+        single,
+        method,
+        detail,
+        failure,
+        device,
+        capacity,
+        search,
+        grad_accum_extra,
+        options,
     )
     result.batch_rule = tracer.rule
     return result
@@ -260,6 +278,36 @@ def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool
     return large, est, "extrapolated", detail, runner
 
 
+def _activations_dominate(request: EstimateMemoryRequest, est: Estimate) -> bool:
+    """The condition of the activations_dominate finding, before checkpointing is asked for."""
+    return (
+        request.mode == "train"
+        and not request.checkpoint_classes
+        and est.breakdown.get("activations", 0) >= DOMINANT_SHARE * max(1, est.peak_allocated)
+    )
+
+
+def _checkpoint_options(
+    tracer: _Tracer, trace: Trace, est: Estimate, target: Target, batch: int | None, *, fake: bool
+) -> list[CheckpointOption]:
+    """Each candidate block class checkpointed in turn, estimated the way the step itself was (lowest peak first).
+
+    A candidate whose checkpointed step fails (a block whose forward checkpoint cannot wrap) is left out."""
+    options = []
+    for cls in checkpoint_candidates(trace.module_types, est.saved_by_module):
+        spec = replace(tracer.spec, checkpoint_classes=(cls,))
+        try:
+            other = _Tracer(tracer.request, tracer.job, spec, tracer.device, tracer.probe_scratch)
+            peak = estimate_trace(other.trace(batch, fake=fake), target).peak_allocated
+        except UserCodeError:
+            continue
+        change = (peak - est.peak_allocated) / max(1, est.peak_allocated)
+        options.append(
+            CheckpointOption(block_class=cls, peak_allocated_bytes=peak, peak_change=round(change, 4))
+        )
+    return sorted(options, key=lambda o: o.peak_allocated_bytes)
+
+
 def _failed_phase(exc: UserCodeError) -> str:
     for prefix, phase in (
         ("calling the model factory", "the model factory"),
@@ -332,6 +380,7 @@ def _result(
     capacity,
     search,
     grad_extra,
+    options,
 ):
     breakdown = MemoryBreakdown(**est.breakdown)
     savers = sorted(est.saved_by_module.items(), key=lambda kv: -kv[1])[:TOP_SAVERS]
@@ -358,6 +407,7 @@ def _result(
         max_batch_size=search.batch_size,
         top_saver=top_saver,
         checkpoint_candidate=_block_class(trace, top),
+        checkpoint_options=[(o.block_class, o.peak_allocated_bytes) for o in options],
         grad_accum_extra=max(0, grad_extra),
         kernels_not_probed=trace.kernels_not_probed,
     )
@@ -392,6 +442,7 @@ def _result(
         parameter_bytes=trace.param_bytes,
         cublas_workspace_bytes=est.workspace_bytes,
         kernel_scratch_bytes=est.scratch_bytes,
+        checkpointing_options=options,
         device_memory_bytes=capacity,
         fits=est.fits,
         headroom_bytes=(capacity - est.device_bytes) if capacity is not None else None,
@@ -448,10 +499,16 @@ def _block_class(trace: Trace, top: list[ActivationSaver]) -> str | None:
     """The class of the repeated block that contains the top activation saver, if any."""
     if not top or not top[0].type or top[0].module in ("", "(root)"):  # the root module itself: no block
         return None
-    units = [name for name in trace.fsdp_units if name != "(root)"]
+    units = [
+        name
+        for name in trace.fsdp_units
+        if name != "(root)" and trace.module_types.get(name) not in NO_FORWARD  # a ModuleList has no forward
+    ]
     for unit in units:
         if top[0].module == unit or top[0].module.startswith(unit + "."):
             return trace.module_types.get(unit)
+    if top[0].type in NO_FORWARD:
+        return None
     return top[0].type or None
 
 
