@@ -491,6 +491,11 @@ def _assumptions(
         out.append(
             f"{trace.kernels_probed} convolution/RNN kernel signatures were run once for real to measure scratch and workspace"
         )
+    if trace.kernels_scaled:
+        out.append(
+            f"{trace.kernels_scaled} convolution signatures were over the probes' size or time budget: their scratch "
+            "was measured at batch sizes 1 and 2 and extrapolated linearly"
+        )
     out += est.assumptions
     return out
 
