@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.fixtures import fallback_models as fx
 from torch_skills.memory.blocks import checkpoint_candidates
 from torch_skills.memory.findings import _trace_advice
 from torch_skills.memory.groundtruth import measure_real_step
 from torch_skills.memory.models import EstimateMemoryRequest
-from torch_skills.memory.trace import StepSpec
+from torch_skills.memory.probes import KernelProbe
+from torch_skills.memory.trace import StepSpec, fake_mode
 from torch_skills.runner.child import JobContext
 from torch_skills.runner.usercode import default_loss
 
@@ -115,3 +117,16 @@ def test_checkpoint_candidates_skip_containers_and_leaves_and_rank_by_saved_byte
     }
     saved = {"enc.0.fc": 10, "enc.1.fc": 10, "dec.0.fc": 5, "dec.1": 1}
     assert checkpoint_candidates(types, saved) == ["Block", "Small"]
+
+
+def test_a_convolution_over_the_probe_size_limit_gets_its_scratch_from_batches_2_and_3():
+    """Over max_bytes, a conv is probed at batches 2 and 3 and scaled to 8: within 2% of the full probe, not dropped."""
+    aten = torch.ops.aten
+    with fake_mode():
+        x, w = torch.empty(8, 1, 4000), torch.empty(64, 1, 10)  # (B, C, T), (C_out, C_in, K)
+    args = (x, w, None, [5], [0], [1], False, [0], 1)
+    full = KernelProbe("cpu", scratch=True).measure(aten.convolution.default, args, {})
+    small = KernelProbe("cpu", scratch=True, max_bytes=64_000)  # batch 8's input is 128 kB, batch 3's 48 kB
+    scaled = small.measure(aten.convolution.default, args, {})
+    assert full.scratch_bytes > 0 and small.scaled == 1 and small.skipped == 0
+    assert scaled.scratch_bytes == pytest.approx(full.scratch_bytes, rel=0.02)

@@ -23,8 +23,8 @@ When the step itself runs on real tensors (the fallback after a failed fake trac
 the op's own run instead, once per signature: without it a real-run estimate misses all scratch.
 
 Known limitations: probing costs one real run of the kernel. A convolution signature whose
-tensors exceed `max_bytes`, or any after `budget_s` seconds of probing, is probed at batches 1
-and 2 instead and its scratch extrapolated linearly to the batch (counted in `scaled`; within a
+tensors exceed `max_bytes`, or any after `budget_s` seconds of probing, is probed at batches 2
+and 3 instead and its scratch extrapolated linearly to the batch (counted in `scaled`; within a
 few percent of a full probe on the models tried, a few kernels keep a batch-independent part);
 other ops, and convolutions past SCALED_BUDGET x `budget_s`, are skipped (counted in `skipped`). Scratch measured on one device says nothing about another, so the worker only probes
 scratch when the traced device is the target device.
@@ -56,7 +56,7 @@ SCRATCH_OPS = {
 }
 PROBED_OPS = WORKSPACE_OPS | SCRATCH_OPS
 _READS_WORKSPACE = {aten.mkldnn_rnn_layer_backward.default, aten._cudnn_rnn_backward.default}
-# Past the time budget (or over max_bytes), convolutions are still probed at batches 1 and 2 and
+# Past the time budget (or over max_bytes), convolutions are still probed at batches 2 and 3 and
 # scaled, until this many times the budget is spent: scratch extrapolated beats scratch dropped.
 SCALED_BUDGET = 3.0
 
@@ -81,7 +81,7 @@ class KernelProbe:
         self.spent_s = 0.0
         self.skipped = 0
         self.probed = 0
-        self.scaled = 0  # signatures whose scratch was extrapolated from batches 1 and 2
+        self.scaled = 0  # signatures whose scratch was extrapolated from batches 2 and 3
         self._cache: dict[tuple, ProbeResult | None] = {}
 
     def wants(self, func) -> bool:
@@ -147,23 +147,24 @@ class KernelProbe:
             return self._result(out, peak)
 
     def _scaled(self, func, args, kwargs) -> ProbeResult | None:
-        """Scratch at the traced batch B, from real runs at batches 1 and 2 extrapolated linearly.
+        """Scratch at the traced batch B, from real runs at batches 2 and 3 extrapolated linearly.
 
         For a signature too large or too late for a full probe: the convolution kernels' scratch
-        (im2col columns, blocked-layout reorders) grows with the batch, and the two small runs
-        cost 3/B of one full run. Outputs are not sized from it (convolutions' fake sizes are right)."""
+        (im2col columns, blocked-layout reorders) grows linearly with the batch from batch 2 on (at
+        batch 1 oneDNN may pick another algorithm, so batch 1 is not used), and the two small runs
+        cost 5/B of one full run. Outputs are not sized from it (convolutions' fake sizes are right)."""
         batch = _batch_of(func, args)
-        if batch is None or batch <= 2:
+        if batch is None or batch <= 3:
             return None
         found = []
-        for b in (1, 2):
+        for b in (2, 3):
             small = list(args)
             for i in _BATCHED_ARGS[func]:
                 small[i] = _Shrunk(args[i], b)
             if sum(t.nbytes for t in small if isinstance(t, _Shrunk)) > self.max_bytes:
                 return None
             found.append(self._run(func, tuple(small), kwargs).scratch_bytes)
-        return ProbeResult((), (), max(0, found[0] + (found[1] - found[0]) * (batch - 1)))
+        return ProbeResult((), (), max(0, found[0] + (found[1] - found[0]) * (batch - 2)))
 
     def _peak(self, fn):
         """(fn's result, peak bytes the device's allocator held above its level at the call)."""

@@ -86,7 +86,7 @@ class Trace:
         0  # kernels run for real to measure their scratch / workspace (torch_skills.memory.probes)
     )
     kernels_not_probed: int = 0  # probes skipped for size or time: their scratch is missing
-    kernels_scaled: int = 0  # convolutions probed at batches 1 and 2 (size or time): scratch extrapolated
+    kernels_scaled: int = 0  # convolutions probed at batches 2 and 3 (size or time): scratch extrapolated
 
 
 def fake_mode():

@@ -494,7 +494,7 @@ def _assumptions(
     if trace.kernels_scaled:
         out.append(
             f"{trace.kernels_scaled} convolution signatures were over the probes' size or time budget: their scratch "
-            "was measured at batch sizes 1 and 2 and extrapolated linearly"
+            "was measured at batch sizes 2 and 3 and extrapolated linearly"
         )
     out += est.assumptions
     return out
