@@ -1,14 +1,12 @@
 """One prepared GPU run: estimate_memory's CUDA figures against the allocator's counters, profile_model's
 CUDA verdicts, and the GPU-marked tests; one JSON and one Markdown table out.
 
-Run (on a machine with a CUDA device; needs torch and pydantic, not mcp):
+Run (on a machine with a CUDA device; needs torch, and pydantic/mcp/pytest or their carried wheels):
 
     python bench/gpu_check.py --out /tmp/gpu            # everything, about 6 minutes on one H100
     python bench/gpu_check.py --out /tmp/gpu --dry      # CPU plumbing check: 2 memory cases, 1 profile case
 
-Writes OUT/gpu_check.json and OUT/gpu_check.md. Without pydantic it unpacks the wheels in
-bench/gpu/build/wheels (git-ignored; make them with `pip download --only-binary=:all: --python-version 3.X
---platform manylinux2014_x86_64 pydantic -d bench/gpu/build/wheels` for each Python the device may have).
+Writes OUT/gpu_check.json and OUT/gpu_check.md.
 
 Memory: each case runs in a fresh process (an empty caching allocator, no cuBLAS workspace yet), eight at a
 time (each process has its own allocator counters, so they do not disturb each other). A case first runs
@@ -19,9 +17,13 @@ same user-code path (the worker's `_Tracer` builds the model, batch and loss for
 after, one at a time in one process (timings need the GPU to themselves), through
 `torch_skills.profiling.worker.run`.
 
-Known limitations: the skills' CUDA code blocks, check_gradients under CUDA autocast and verify_checkpoint onto
-CUDA are not exercised here; the GPU-marked pytest tests need pytest and mcp on the device and are listed as
-not run otherwise.
+Then the skills' CUDA-only code blocks run one by one as scripts (bench/gpu/skillblocks.py), and the GPU-marked
+pytest tests (check_gradients under CUDA and float16 autocast, verify_checkpoint loading onto CUDA, profile_model
+and estimate_memory on CUDA, check_distributed with nccl where two GPUs exist). Without mcp/pytest on the device
+it unpacks the wheels carried in bench/gpu/build/wheels (make them with `pip download --only-binary=:all:
+--python-version 3.X --platform manylinux2014_x86_64 mcp pytest pytest-asyncio hypothesis -d bench/gpu/build/wheels`).
+
+Known limitations: one GPU, so check_distributed's nccl test is skipped unless the device has two.
 """
 
 from __future__ import annotations
@@ -52,16 +54,39 @@ PS = "evals/models/profile_model_scenarios.py"
 
 
 # -- environment ---------------------------------------------------------------------------------
-def ensure_pydantic() -> str:
-    """Import pydantic, else unpack the carried wheels for this Python into a temp dir; say which."""
-    try:
+def _compatible(wheel: str, tag: str) -> bool:
+    """A wheel this Python can import: pure, abi3, or built for this CPython."""
+    name = os.path.basename(wheel)
+    return "-none-any" in name or "-abi3-" in name or f"-{tag}-" in name
+
+
+def _blocks_only(wheel: str) -> bool:
+    """Wheels only the skills' blocks import (torchao): on every path, transformers imports them too, and
+    a torchao built for another torch broke four hf_* memory cases on the device."""
+    return os.path.basename(wheel).startswith("torchao")
+
+
+def blocks_path() -> str:
+    """A folder holding the blocks-only wheels, for the skill-block scripts' PYTHONPATH."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    target = Path(tempfile.mkdtemp(prefix="gpu_check_blocks_"))
+    for w in sorted(glob.glob(str(WHEELS / "*.whl"))):
+        if _compatible(w, tag) and _blocks_only(w):
+            zipfile.ZipFile(w).extractall(target)
+    return str(target)
+
+
+def ensure_vendored() -> str:
+    """Import pydantic, mcp and pytest-asyncio, else unpack the carried wheels for this Python into a temp
+    dir put first on sys.path and PYTHONPATH (children inherit it); say which."""
+    if all(has(m) for m in ("pydantic", "mcp", "pytest_asyncio", "anyio")):
         import pydantic
 
         return f"installed {pydantic.VERSION}"
-    except ImportError:
-        pass
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    wheels = [w for w in glob.glob(str(WHEELS / "*.whl")) if "pydantic_core" not in w or f"-{tag}-" in w]
+    wheels = [
+        w for w in sorted(glob.glob(str(WHEELS / "*.whl"))) if _compatible(w, tag) and not _blocks_only(w)
+    ]
     if not any("pydantic_core" in w for w in wheels):
         raise SystemExit(f"no pydantic and no pydantic_core wheel for {tag} in {WHEELS}")
     target = Path(tempfile.mkdtemp(prefix="gpu_check_vendor_"))
@@ -69,9 +94,10 @@ def ensure_pydantic() -> str:
         zipfile.ZipFile(w).extractall(target)
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    importlib.invalidate_caches()
     import pydantic
 
-    return f"vendored {pydantic.VERSION} ({tag} wheels)"
+    return f"vendored {pydantic.VERSION} and {len(wheels)} wheels ({tag})"
 
 
 def setup_path() -> None:
@@ -361,6 +387,30 @@ def gpu_tests(env: dict, timeout: float) -> dict:
     return {"status": f"exit {p.returncode}", "files": files, "tail": p.stdout[-3000:]}
 
 
+def skill_blocks(timeout: float) -> dict:
+    """The skills' CUDA-only blocks, each run as a script (bench/gpu/skillblocks.py, one JSON line per block)."""
+    cmd = [sys.executable, str(REPO / "bench" / "gpu" / "skillblocks.py")]
+    status = None
+    try:
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [blocks_path(), os.environ.get("PYTHONPATH")])),
+        )
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+        stdout, tail = p.stdout, p.stderr[-2000:]
+    except subprocess.TimeoutExpired as e:
+        stdout, tail, status = (
+            (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""),
+            "",
+            "timed out",
+        )
+    blocks = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    ran = [b for b in blocks if b["passed"] is not None]
+    summary = f"{sum(b['passed'] for b in ran)}/{len(ran)} passed, {len(blocks) - len(ran)} need several GPUs"
+    summary += f" ({status})" if status else ""
+    return {"status": summary, "blocks": blocks, "tail": tail}
+
+
 # -- report ---------------------------------------------------------------------------------------
 def rel(est, truth):
     return (est - truth) / truth if est is not None and truth else None
@@ -440,6 +490,13 @@ def markdown(report: dict) -> str:
             f"| {tf(r['peak_flops_per_s'])} | {pct(r['mfu']).lstrip('+')} "
             f"| {r['host_syncs_per_step']} | {', '.join(r['findings'])} |"
         )
+    b = report.get("skill_blocks", {"status": "not run", "blocks": []})
+    lines += ["", "## The skills' CUDA blocks, each run as a script", "", b["status"], ""]
+    word = {True: "pass", False: "FAIL", None: "not run"}
+    lines += [f"- {word[x['passed']]} {x['block']} ({x['seconds']} s)" for x in b["blocks"]]
+    for x in b["blocks"]:
+        if x["passed"] is False:
+            lines += ["", f"{x['block']}:", "```", x["detail"][-800:], "```"]
     t = report["gpu_tests"]
     lines += ["", "## GPU-marked tests", "", f"{t['status']}" + (f": {t['reason']}" if "reason" in t else ""),
               "", "Files: " + ", ".join(t["files"])]  # fmt: skip
@@ -457,13 +514,15 @@ def main() -> None:
     )
     ap.add_argument("--budget-s", type=float, default=380.0, help="stop starting cases after this")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--phases", default="memory,profile,blocks,tests",
+                    help="comma-separated subset of memory,profile,blocks,tests (a rerun of what failed)")  # fmt: skip
     ap.add_argument("--device", default=None)
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)
     ap.add_argument("--profile-cases", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    pyd = ensure_pydantic()
+    pyd = ensure_vendored()
     setup_path()
     if args.memory_case:
         print(json.dumps(run_memory_case(json.loads(args.memory_case), args.device)), flush=True)
@@ -483,12 +542,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    mcases = memory_cases(cuda, env["transformers"])
+    phases = set(args.phases.split(","))
+    mcases = memory_cases(cuda, env["transformers"]) if "memory" in phases else []
     if not cuda:
         mcases = [c for c in mcases if c["name"] in ("mlp", "tiny_gpt")][:3]
-    mem_deadline = time.monotonic() + (0.5 if cuda else 0.6) * args.budget_s
+    mem_deadline = time.monotonic() + (0.42 if cuda else 0.6) * args.budget_s
     report = {"environment": env, "pydantic": pyd, "device": device, "wall_s": 0.0, "memory": [], "profile": [],
-              "gpu_tests": {"status": "not run yet", "files": []}}  # fmt: skip
+              "gpu_tests": {"status": "not run yet", "files": []},
+              "skill_blocks": {"status": "not run yet", "blocks": []}}  # fmt: skip
 
     def write() -> None:  # after every phase, so a run cut short still leaves its figures
         report["wall_s"] = time.time() - start
@@ -501,10 +562,19 @@ def main() -> None:
         f"memory: {sum('error' not in r for r in report['memory'])}/{len(mcases)} cases at {time.time() - start:.0f} s",
         flush=True,
     )
-    report["profile"] = profile_phase(profile_cases(cuda), device, start + 0.88 * args.budget_s)
+    pcases = profile_cases(cuda) if "profile" in phases else []
+    report["profile"] = profile_phase(pcases, device, start + 0.55 * args.budget_s) if pcases else []
     write()
     print(f"profile: done at {time.time() - start:.0f} s", flush=True)
-    report["gpu_tests"] = gpu_tests(env, max(10.0, start + args.budget_s + 20 - time.time()))
+    report["skill_blocks"] = (
+        skill_blocks(max(10.0, start + 0.78 * args.budget_s - time.time()))
+        if cuda and "blocks" in phases
+        else {"status": "not run: " + ("no CUDA device" if not cuda else "not asked"), "blocks": []}
+    )
+    write()
+    print(f"skill blocks: {report['skill_blocks']['status']} at {time.time() - start:.0f} s", flush=True)
+    if "tests" in phases:
+        report["gpu_tests"] = gpu_tests(env, max(10.0, start + args.budget_s + 20 - time.time()))
     write()
     print((out / "gpu_check.md").read_text())
 

@@ -1,29 +1,34 @@
-"""The four tools on real models: wall time against a hand-run step, and estimate_memory's error.
+"""The tools on real models of 10-100M parameters: wall time against a hand-run step, and estimate_memory's error.
 
-Run from the repository root (needs the [zoo] extra for the transformers models; several minutes
-on 2 cores):
+Run from the repository root (needs the [zoo] extra for transformers; several minutes on 2 cores):
 
-    python bench/real_models.py                       # every zoo model
+    python bench/real_models.py                       # every model of bench/real_model_zoo.py
     python bench/real_models.py --models gpt2,vit     # a subset
+    python bench/real_models.py --zoo tiny            # the 2-layer configs of evals/models/zoo.py
 
-For each model of evals/models/zoo.py it measures, in this one process:
+For each model (GPT-2 27M, BERT 28M, ViT 15M, ResNet-18 11M; `--zoo tiny` for the tiny ones) it
+measures, in this one process:
   1. by hand: build the model from its factory, make the batch, one forward, the loss, backward
-     and an AdamW step; the median of --repeats fresh runs after one warm-up step of another
-     model (this process's first-use costs, which the warm worker has paid as well; transformers is imported before, so
-     its import is not in this figure; it is printed apart, since every tool call's fresh worker
-     child pays it);
+     and an AdamW step; the median of --repeats fresh runs, with the thread count the tools'
+     default rule gives at that moment (torch_skills.runner.threads), after one warm-up step of
+     another model (first-use costs, which the warm worker has paid as well; transformers is
+     imported before, so its import is not in this figure; it is printed apart, since every
+     tool call's fresh worker child pays it);
   2. each tool's wall time through the MCP server (in-memory client, the real worker pool):
      check_gradients, estimate_memory (target_device='cpu'), profile_model (1 warm-up and 3 timed
-     steps) and verify_checkpoint with load_and_run on a checkpoint saved from the model; the
-     ratio to the hand-run step, against the goal of <= 3x. These are steady-state calls: the
-     model's first call ("1st call", printed apart) imports its libraries in the worker child,
-     after which the warm worker holds them (torch_skills.runner.libraries);
+     steps, the fewest it takes) and verify_checkpoint with load_and_run on a checkpoint saved
+     from the model; the ratio to the hand-run step, against the goal of <= 3x, and the threads
+     each call ran with (run.cpu_threads). These are steady-state calls: the model's first call
+     ("1st call", printed apart) imports its libraries in the worker child, after which the warm
+     worker holds them (torch_skills.runner.libraries);
   3. estimate_memory's peak against the measured CPU peak of three real steps
      (torch_skills.memory.groundtruth: the allocator's live bytes from the profiler's events),
      against the goal of <= 2% off.
+The table is printed and appended to --out (default bench/real_models.md) with the date and load.
 
-Known limitations: the machine is shared, so absolute times move with its load (the table says
-how loaded it was); the ratios are measured side by side.
+Known limitations: the machine is shared, so absolute times move with its load (the table gives
+the 1-minute load per core before and after); the hand steps are measured right before each
+model's tool calls so the two see the same load, but a ratio is still noisy under load.
 """
 
 from __future__ import annotations
@@ -44,17 +49,31 @@ os.chdir(REPO)
 
 import server  # noqa: E402,F401  (registers torch_skills from this clone)
 
-ZOO = "evals/models/zoo.py"
-# model -> (inputs function, needs transformers)
-MODELS = {
-    "gpt2": ("lm_batch", True),
-    "bert": ("lm_batch", True),
-    "t5": ("seq2seq_batch", True),
-    "llama": ("lm_batch", True),
-    "vit": ("image_batch", True),
-    "convnext": ("image_pair", True),
-    "tiny_gpt": ("token_pair", False),
+# zoo -> (file, {model -> (inputs function, needs transformers)})
+ZOOS = {
+    "real": (
+        "bench/real_model_zoo.py",
+        {
+            "gpt2": ("lm_batch", True),
+            "bert": ("lm_batch", True),
+            "vit": ("image_batch", True),
+            "resnet": ("image_pair", True),
+        },
+    ),
+    "tiny": (
+        "evals/models/zoo.py",
+        {
+            "gpt2": ("lm_batch", True),
+            "bert": ("lm_batch", True),
+            "t5": ("seq2seq_batch", True),
+            "llama": ("lm_batch", True),
+            "vit": ("image_batch", True),
+            "convnext": ("image_pair", True),
+            "tiny_gpt": ("token_pair", False),
+        },
+    ),
 }
+TOOLS = ["check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"]
 GOAL_RATIO = 3.0
 GOAL_MEMORY_ERROR = 0.02
 
@@ -101,21 +120,26 @@ def save_checkpoint(zoo, name: str, folder: Path) -> str:
     return str(path)
 
 
-async def tool_times(names: list[str], folder: Path) -> dict[str, dict[str, object]]:
+def load_per_core() -> float:
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
+async def measure(zoo_file: str, models: dict[str, str], repeats: int, folder: Path) -> dict[str, dict]:
+    """Per model: the hand-run step (median of `repeats`), each tool call's seconds and threads."""
+    import torch
     from mcp import Client
 
     from tests.owned import entered_in_own_task
+    from torch_skills.runner.threads import run_threads
     from torch_skills.server import build_server
 
-    zoo = importlib.import_module("evals.models.zoo")
-    out: dict[str, dict[str, object]] = {}
+    zoo = importlib.import_module(zoo_file.removesuffix(".py").replace("/", "."))
+    out: dict[str, dict] = {}
     async with entered_in_own_task(lambda: Client(build_server(allow=[folder], prewarm=False))) as client:
-        await client.call_tool(  # start the warm worker outside the timings
-            "check_gradients", {"model": f"{ZOO}:tiny_gpt", "inputs": f"{ZOO}:token_pair", "device": "cpu"}
-        )
-        for name in names:
-            inputs = MODELS[name][0]
-            common = {"model": f"{ZOO}:{name}", "inputs": f"{ZOO}:{inputs}", "device": "cpu"}
+        tiny = {"model": "evals/models/zoo.py:tiny_gpt", "inputs": "evals/models/zoo.py:token_pair"}
+        await client.call_tool("check_gradients", {**tiny, "device": "cpu"})  # the warm worker, untimed
+        for name, inputs in models.items():
+            common = {"model": f"{zoo_file}:{name}", "inputs": f"{zoo_file}:{inputs}", "device": "cpu"}
             calls = {
                 "check_gradients": common,
                 "estimate_memory": {**common, "target_device": "cpu"},
@@ -126,32 +150,85 @@ async def tool_times(names: list[str], folder: Path) -> dict[str, dict[str, obje
                     "load_and_run": True,
                 },
             }
-            row: dict[str, object] = {}
+            row: dict[str, object] = {"load_before": load_per_core()}
             started = time.perf_counter()  # the first call imports the model's libraries in the child...
             await client.call_tool("check_gradients", common)
             row["first_call"] = time.perf_counter() - started
             await client.call_tool("check_gradients", common)  # ...which the warm worker then imports once
+            threads = torch.get_num_threads()
+            row["hand_threads"] = run_threads(None)  # what the tools' default gives now
+            try:
+                row["hand"] = statistics.median(hand_step(zoo, name, inputs) for _ in range(repeats))
+            finally:
+                torch.set_num_threads(threads)
+            row["params"] = sum(p.numel() for p in getattr(zoo, name)().parameters())
             for tool, arguments in calls.items():
                 started = time.perf_counter()
                 result = await client.call_tool(tool, arguments)
                 row[tool] = time.perf_counter() - started
                 if result.is_error:
                     row[f"{tool}_error"] = result.content[0].text[:200]
-                elif tool == "estimate_memory":
-                    row["estimate"] = result.structured_content["peak_allocated_bytes"]
-                    row["method"] = result.structured_content["method"]
+                    continue
+                data = result.structured_content
+                row[f"{tool}_threads"] = data["run"].get("cpu_threads")
+                row[f"{tool}_worker_s"] = data["run"]["wall_time_s"]
+                if tool == "estimate_memory":
+                    row["estimate"] = data["peak_allocated_bytes"]
+                    row["method"] = data["method"]
+            row["peak"] = measured_peak(zoo, name, inputs)
+            row["load_after"] = load_per_core()
             out[name] = row
     return out
 
 
+def table(rows: dict[str, dict], import_s: float) -> tuple[str, list[str]]:
+    """The markdown table, and one line per failed tool call."""
+    head = "| model | params | by hand (threads) | 1st call | " + " | ".join(TOOLS)
+    head += " | measured MiB | estimate MiB | error | load/core |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    worst, errors, failures = 0.0, [], []
+    for name, row in rows.items():
+        cells = []
+        for tool in TOOLS:
+            ratio = float(row[tool]) / float(row["hand"])
+            worst = max(worst, ratio)
+            if f"{tool}_error" in row:
+                failures.append(f"{name} {tool}: {row[f'{tool}_error']}")
+                cells.append(f"{float(row[tool]):.2f} s error")
+            else:
+                cells.append(f"{float(row[tool]):.2f} s **{ratio:.1f}x** ({row[f'{tool}_threads']} th)")
+        estimate, peak = int(row.get("estimate") or 0), int(row["peak"])
+        error = (estimate - peak) / peak if peak else 0.0
+        errors.append(abs(error))
+        lines.append(
+            f"| {name} | {int(row['params']) / 1e6:.1f}M | {float(row['hand']):.2f} s ({row['hand_threads']}) "
+            f"| {float(row['first_call']):.2f} s | "
+            + " | ".join(cells)
+            + f" | {peak / 2**20:.1f} | {estimate / 2**20:.1f} | {error:+.2%} {row.get('method', '')} "
+            f"| {float(row['load_before']):.2f}-{float(row['load_after']):.2f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"worst tool / hand-run ratio {worst:.1f}x (goal <= {GOAL_RATIO:g}x); estimate_memory error: "
+        f"median {statistics.median(errors):.2%}, worst {max(errors):.2%} (goal <= {GOAL_MEMORY_ERROR:.0%}); "
+        f"import transformers {import_s:.2f} s (paid by each 1st call, not by the hand steps)"
+    )
+    return "\n".join(lines), failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--zoo", choices=sorted(ZOOS), default="real")
+    parser.add_argument("--models", default="", help="comma-separated subset of the zoo's models")
     parser.add_argument("--repeats", type=int, default=3, help="fresh hand-run steps per model (median)")
+    parser.add_argument(
+        "--out", default=str(REPO / "bench" / "real_models.md"), help="markdown log to append to"
+    )
     args = parser.parse_args()
-    names = [n for n in args.models.split(",") if n]
+    zoo_file, catalogue = ZOOS[args.zoo]
+    names = [n for n in args.models.split(",") if n] or list(catalogue)
     have_transformers = importlib.util.find_spec("transformers") is not None
-    skipped = [n for n in names if MODELS[n][1] and not have_transformers]
+    skipped = [n for n in names if catalogue[n][1] and not have_transformers]
     names = [n for n in names if n not in skipped]
     if skipped:
         print(f"skipped (no transformers; pip install -e '.[zoo]'): {', '.join(skipped)}")
@@ -160,52 +237,20 @@ def main() -> int:
     if have_transformers:
         import transformers  # noqa: F401
     import_s = time.perf_counter() - started
-    zoo = importlib.import_module("evals.models.zoo")
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-
-    hand_step(
-        zoo, "tiny_gpt", "token_pair"
-    )  # first-use costs of this process (the worker's zygote pays them too)
-    hand = {n: statistics.median(hand_step(zoo, n, MODELS[n][0]) for _ in range(args.repeats)) for n in names}
-    peaks = {n: measured_peak(zoo, n, MODELS[n][0]) for n in names}
+    tiny = importlib.import_module("evals.models.zoo")
+    hand_step(tiny, "tiny_gpt", "token_pair")  # first-use costs of this process (the zygote pays them too)
     with tempfile.TemporaryDirectory(prefix="torch-skills-bench-") as tmp:
-        tools = asyncio.run(tool_times(names, Path(tmp)))
-
-    print(
-        f"\nreal models on CPU, {os.cpu_count()} cores, load {load:.2f} per core at the start "
-        f"(shared machine: absolute times move with other work). import transformers: {import_s:.2f} s.\n"
+        rows = asyncio.run(measure(zoo_file, {n: catalogue[n][0] for n in names}, args.repeats, Path(tmp)))
+    text, failures = table(rows, import_s)
+    heading = (
+        f"{time.strftime('%Y-%m-%d %H:%M')}: `real_models.py --zoo {args.zoo}` on CPU, {os.cpu_count()} cores "
+        "(shared machine: absolute times move with other work; 'th' = threads the call ran with)"
     )
-    tool_names = ["check_gradients", "estimate_memory", "profile_model", "verify_checkpoint"]
-    head = f"{'model':10s} {'by hand':>8s} {'1st call':>9s} " + " ".join(f"{t:>22s}" for t in tool_names)
-    head += f" {'measured MiB':>13s} {'estimate MiB':>13s} {'error':>7s}"
-    print(head)
-    worst_ratio, errors, failures = 0.0, [], []
-    for n in names:
-        row = tools[n]
-        cells = []
-        for t in tool_names:
-            seconds = float(row[t])  # type: ignore[arg-type]
-            ratio = seconds / hand[n]
-            worst_ratio = max(worst_ratio, ratio)
-            mark = "!" if f"{t}_error" in row else ""
-            cells.append(f"{seconds:7.2f} s ({ratio:5.1f}x){mark:1s}".rjust(22))
-            if mark:
-                failures.append(f"{n} {t}: {row[f'{t}_error']}")
-        estimate = int(row.get("estimate") or 0)  # type: ignore[call-overload]
-        error = (estimate - peaks[n]) / peaks[n] if peaks[n] else 0.0
-        errors.append(abs(error))
-        print(
-            f"{n:10s} {hand[n]:7.2f}s {float(row['first_call']):8.2f}s "
-            + " ".join(cells)
-            + f" {peaks[n] / 2**20:13.2f} {estimate / 2**20:13.2f} "
-            f"{error:+7.2%} {row.get('method', '')}"
-        )
-    print(
-        f"\nworst tool / hand-run ratio {worst_ratio:.1f}x (goal <= {GOAL_RATIO:g}x); estimate_memory error: "
-        f"median {statistics.median(errors):.2%}, worst {max(errors):.2%} (goal <= {GOAL_MEMORY_ERROR:.0%})"
-    )
+    print(f"\n{heading}\n\n{text}")
     for failure in failures:
         print("tool error:", failure)
+    with open(args.out, "a") as log:
+        log.write(f"\n{heading}\n\n{text}\n")
     return 0
 
 

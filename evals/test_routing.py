@@ -27,8 +27,9 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
 
 - real_dev.yaml, real_test.yaml (issue 24): posts real users wrote (GitHub issues, forum threads;
   each item keeps its `source` address), labelled blind and split by source. The router is tuned
-  on real_dev only; real_test was scored once, with the router frozen. They are the target; the
-  machine-written sets above are regression tests.
+  on real_dev only; real_test is scored as aggregates once per round, with the router frozen
+  (figures in evals/routing/README.md). They are the target; the machine-written sets above are
+  regression tests.
 
 Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
 Measure the next change on a new set written by someone else.

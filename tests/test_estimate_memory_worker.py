@@ -127,14 +127,14 @@ def test_gradient_accumulation_keeps_gradients_alive_in_the_next_forward(job):
 
 @pytest.mark.slow  # over 2 s under load: the README's quick set stays near 5 minutes
 def test_a_step_that_does_not_fit_is_an_error_finding_with_the_largest_batch_that_does(job):
-    """GPT in 0.7 GiB on CUDA: fits is False, does_not_fit names the skill, max_batch_size is smaller than asked."""
+    """GPT in 0.92 GiB on CUDA (257 MiB beside the 685 MiB context): fits is False, does_not_fit names the skill, max_batch_size is smaller than asked."""
     result = run(
         job,
         model=f"{MODELS}:build_gpt",
         inputs=f"{MODELS}:gpt_inputs",
         loss=f"{MODELS}:next_token_loss",
         batch_size=32,
-        device_memory_gib=0.75,
+        device_memory_gib=0.92,
     )
     assert result.fits is False and result.headroom_bytes < 0
     assert result.max_batch_size is not None and 0 < result.max_batch_size < 32

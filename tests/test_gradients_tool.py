@@ -145,6 +145,32 @@ async def test_nan_localization_works_the_same_on_cuda(client: Client):
     assert backward.structured_content["nonfinite"]["autograd_node"] == "SqrtBackward0"
 
 
+async def _fp16_overflow(client: Client, device: str):
+    return await client.call_tool(
+        "check_gradients",
+        {"model": f"{ZOO}:fp16_autocast_overflow", "input_shape": [8, 16], "device": device, "seed": 0},
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_an_overflow_under_cuda_float16_autocast_is_located_at_its_op(client: Client):
+    """A float16 overflow inside the model's own CUDA autocast region is found at the op that made it."""
+    r = await _fp16_overflow(client, "cuda")
+    assert not r.is_error, r.content
+    assert r.structured_content["run"]["device"].startswith("cuda")
+    assert r.structured_content["nonfinite"]["op"] == "mul"
+    assert r.structured_content["nonfinite"]["module"] == "energy"
+
+
+async def test_an_overflow_under_cpu_float16_autocast_is_located_at_its_op(client: Client):
+    """The same model on CPU (autocast float16 exists there too) gives the same place."""
+    r = await _fp16_overflow(client, "cpu")
+    assert not r.is_error, r.content
+    assert r.structured_content["nonfinite"]["op"] == "mul"
+    assert r.structured_content["nonfinite"]["module"] == "energy"
+
+
 async def test_the_seed_fixes_the_models_initial_weights_across_calls(client: Client):
     """Weights drawn at build time follow `seed`: the same seed gives the same loss on every call,
     another seed another loss (the worker's own random state never leaks into the model)."""

@@ -372,7 +372,7 @@ def test_a_failed_compile_and_graph_breaks_become_findings(measured):
 
 
 def test_an_oversubscribed_machine_is_reported(measured):
-    """A load above one per core warns that CPU timings are unreliable and suggests cpu_threads=1."""
-    findings = findings_for(measured.model_copy(update={"cpu_load": 3.0}))
+    """A load above one per core on a 2-thread run warns that CPU timings are unreliable and suggests cpu_threads=1."""
+    findings = findings_for(measured.model_copy(update={"cpu_load": 3.0, "cpu_threads": 2}))
     contention = [f for f in findings if f.code == "cpu_contention"]
     assert contention and "cpu_threads=1" in contention[0].message

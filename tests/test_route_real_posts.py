@@ -91,6 +91,8 @@ def test_a_vague_post_is_never_routed_on_one_keyword(router: Router, query: str)
         "our results are two points lower than the paper, how do I reproduce them?",
         "I cannot reproduce the accuracy reported in the paper with the released config",
         "Reproduction results are lower than reported in your paper. Is there a trick in training?",
+        "I can't reproduce the accuracy from your paper on CIFAR-100 with the released config, I only get "
+        "61%. Could you give me some tips to reproduce your best results?",
     ],
 )
 def test_reproducing_a_papers_numbers_is_vague_not_determinism(router: Router, query: str):
@@ -224,3 +226,123 @@ def test_a_question_that_points_back_asks_about_the_sentence_before_it(router: R
         "How can I do that? Any help is appreciated."
     )
     assert _first(router, query) == "module-design-patterns"
+
+
+DDP_REENTRANT = (
+    "RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
+    "following reasons: 1) Use of a module parameter outside the `forward` function. 2) Reused parameters "
+    "in multiple reentrant backward passes. For example, if you use multiple `checkpoint` functions to "
+    "wrap the same part of your model, it would result in the same set of parameters been used by "
+    "different reentrant backward passes multiple times. DDP does not support such use cases in default."
+)
+
+
+def test_a_pasted_error_line_is_evidence_only_for_the_skill_whose_message_it_is(router: Router):
+    """The words on the line of a pasted DDP error (reentrant backward, `checkpoint`, forward) add
+    nothing to another skill's score: custom-autograd scores the same with and without that line."""
+    title, tail = "gradient checkpointing breaks under torchrun", "Single GPU is fine."
+    pasted = router.route(f"{title}\n{DDP_REENTRANT}\n{tail}")
+    bare = router.route(f"{title}\n{tail}")
+    assert pasted.skills[0] == "distributed-training-strategies"
+    for skill in ("custom-autograd-functions", "module-design-patterns", "checkpointing-and-reproducibility"):
+        assert pasted.scores[skill] == bare.scores[skill], skill
+
+
+def test_a_message_quoted_mid_sentence_leaves_the_sentence_to_every_skill(router: Router):
+    """Only a line that opens with the message is the message's: quoted inside a sentence, the
+    sentence's words still count for the other skills."""
+    quoted = router.route(f"after I turned on gradient checkpointing the job said {DDP_REENTRANT}")
+    assert quoted.scores["custom-autograd-functions"] > 0
+
+
+def test_a_one_word_mistakes_row_does_not_overturn_the_phrase_scores(router: Router):
+    """Host RAM that slowly grows every epoch is a memory question: the word "slowly" no longer lets
+    the "training is slow" row of the mistakes table (advice for agents) reorder the answer."""
+    query = (
+        "My validation loop slowly eats the machine's RAM, about 1 GB more every epoch, until the OOM "
+        "killer ends the job. Training alone stays flat."
+    )
+    result = router.route(query)
+    assert result.skills[0] == "tensor-operations-and-memory"
+    assert result.rule is None
+
+
+def test_timing_a_custom_layer_is_profiling(router: Router):
+    """Measuring a custom layer's time is a profiling question, not a module-design one."""
+    query = (
+        "I benchmark my custom attention layer with time.time() around the call and it says 0.02 ms, yet "
+        "the whole model got slower. How do I time it properly?"
+    )
+    assert _first(router, query) == "performance-profiling"
+
+
+def test_saving_a_deepspeed_zero3_model_starts_with_checkpointing_by_a_precedence_row(router: Router):
+    """Gathering a ZeRO-3 model's state_dict to save it is the sharded-save precedence row's case."""
+    result = router.route(
+        "[zero3] model.state_dict() is empty placeholders under ZeRO-3, how do I gather the full weights "
+        "from every rank to save them?"
+    )
+    assert result.skills[:2] == ["checkpointing-and-reproducibility", "distributed-training-strategies"]
+    assert result.rule is not None and result.rule.startswith("precedence table")
+
+
+def test_a_precedence_term_of_several_words_needs_them_together(router: Router):
+    """ "scale underflows" is not mentioned by a post whose "scaler" and "underflowing" stand apart:
+    a gradient-clipping question under AMP stays with mixed precision."""
+    query = (
+        "With AMP the GradScaler keeps fp16 gradients from underflowing, but my gradient clipping threshold "
+        "now acts on the scaled values. Where does clip_grad_norm_ go relative to scaler.step?"
+    )
+    result = router.route(query)
+    assert result.skills[0] == "mixed-precision-and-optimization"
+    assert result.rule is None
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "after torch.compile the outputs don't match eager any more, max abs diff 2e-2 in fp32",
+        "compiled model results differ from eager mode by 1e-2, which op is it?",
+    ],
+)
+def test_compiled_outputs_that_differ_from_eager_start_with_debugging(router: Router, query: str):
+    """A compiled model whose outputs differ from eager takes the compile-mismatch precedence row."""
+    assert _first(router, query) == "debugging-techniques"
+
+
+def test_a_loss_that_does_not_decrease_reads_as_a_loss_that_does_not_go_down(router: Router):
+    """ "doesn't decrease" is the same symptom as "doesn't go down": the same debugging score, which
+    outweighs a pretrained checkpoint named in passing."""
+    decrease = router.route("my training loss doesn't decrease after loading the pretrained checkpoint")
+    go_down = router.route("my training loss doesn't go down after loading the pretrained checkpoint")
+    assert decrease.scores["debugging-techniques"] == go_down.scores["debugging-techniques"]
+
+
+def test_choosing_between_sgd_and_adam_is_an_optimizer_question(router: Router):
+    """A post comparing optimizers it chose (SGD fine, Adam bad) is routed to optimization, not asked about."""
+    query = (
+        "If I choose SGD as in your example the reconstruction is fine, but if I choose Adam at lr=5 it "
+        "looks bad. Any suggestion for getting the same quality with Adam?"
+    )
+    assert _first(router, query) == "mixed-precision-and-optimization"
+
+
+def test_a_pasted_message_filled_with_values_is_still_read_word_for_word(router: Router):
+    """The shapes a message was filled with ('[64, 3, 7, 7]') do not break the word-for-word match
+    that marks a pasted error (its score boost and its line's ownership)."""
+    query = (
+        "RuntimeError: Given groups=1, weight of size [64, 3, 7, 7], expected input[8, 1, 224, 224] to "
+        "have 3 channels, but got 1 channels instead"
+    )
+    assert "debugging-techniques" in router._evidence(query).pasted
+
+
+def test_markdown_emphasis_around_code_does_not_hide_another_framework(router: Router):
+    """`_tf.stop_gradient(x)_` (code set in Markdown italics) still shows TensorFlow's `tf` sign."""
+    query = (
+        "Why do you use _tf.stop_gradient(-x)_ in the quantizer instead of _tf.stop_gradient(x)_? I don't "
+        "see how the straight-through estimator works here."
+    )
+    result = router.route(query)
+    assert result.status == "out_of_scope"
+    assert result.out_of_scope == "TensorFlow or Keras"

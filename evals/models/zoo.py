@@ -13,7 +13,8 @@ the tool must find:
 - the broken copy for estimate_memory is `llama_item_in_forward` (forward cannot be traced).
 
 Configs are as small as keeps each architecture's structure (2 layers, width 64), so a tool call
-takes seconds on a CPU.
+takes seconds on a CPU. The other families (diffusers, PEFT, MoE, SSM, GNN, RNN, audio conv) are in
+zoo_families.py.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ class RunInfo(BaseModel):
         default="", description="the interpreter that ran the code (--python, or found in the project)"
     )
     wall_time_s: float = Field(description="seconds from fork to result inside the worker")
+    cpu_threads: int | None = None  # torch intra-op threads the run used
     output: str = Field(
         default="", description="what the user's code printed (stdout and stderr), head and tail"
     )

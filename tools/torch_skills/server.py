@@ -499,7 +499,8 @@ data classes such as Namespace or OmegaConf; `allowlist_recipe` gives the safe_g
 unsafe (os.system, exec, gadget chains, bombs...) with file and byte offset; or corrupt; one per
 file of a folder. Safe files are opened (weights_only=True, mmap): tensors, dtypes, NaN/Inf,
 resume pieces present, optimizer consistency. With `model`: keys and shapes compared as
-load_state_dict/from_pretrained treat them, the prefix fix, optionally a run.""",
+load_state_dict/from_pretrained treat them, the exact call per loader, the prefix fix, optionally
+a run; a PEFT adapter folder against `model` as its base, as PEFT loads it.""",
     ),
     TorchTool(
         name="estimate_memory",
@@ -527,7 +528,7 @@ Use it before an OOM ("will it fit?") or after one ("what takes the memory?").""
 
 Times the step without the profiler (median, IQR), then profiles it: top operators, time per
 phase and top-level module, FLOPs and MFU, bytes moved, peak memory, loader wait, host syncs
-(.item() and the like, named with module and line). Returns the bottleneck (data_loading,
+(.item() etc., with module and line). Returns the bottleneck (data_loading,
 cpu_overhead, compute, memory_bandwidth or unknown) with its evidence, and findings naming
 the skill that fixes it. Use it before optimizing a slow training loop.""",
     ),

@@ -73,9 +73,7 @@ RUNS_USER_CODE_WRITES_TRACE = ToolAnnotations(
 )
 
 # The run limits every torch tool takes besides its request fields.
-MemoryArg = Annotated[
-    float | None, Field(gt=0, description="RAM cap in GiB for the run (default: the server's per-job cap)")
-]
+MemoryArg = Annotated[float | None, Field(gt=0, description="RAM cap in GiB (default: the server's cap)")]
 
 
 @dataclass(frozen=True)
@@ -350,6 +348,7 @@ async def run_in_worker(
         "device": job.device,
         "torch_version": job.torch_version,
         "python": job.python,
+        "cpu_threads": job.cpu_threads,
         "wall_time_s": job.wall_time_s,
         "output": job.output,
         "output_bytes": job.output_bytes,

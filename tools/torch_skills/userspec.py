@@ -101,29 +101,35 @@ class ModelInputs(BaseModel):
     """Which model to build and what to feed it: the fields every torch tool shares."""
 
     model: str = Field(
-        description="'path/to/file.py:build' (your factory), an nn.Module class ('torch.nn:Linear') "
+        description="'file.py:build' (your factory), an nn.Module class ('torch.nn:Linear') "
         "or a listed factory ('timm:create_model')"
     )
     model_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="keyword arguments for the factory",
+        description="the factory's keyword arguments",
     )
     inputs: str | None = Field(
         default=None,
-        description="'file.py:make_inputs' returning one batch (tensor, tuple or dict); "
-        "it may accept batch_size. Give this or input_shape.",
+        description="'file.py:make_inputs' returning one batch (tensor, tuple or dict), "
+        "may take batch_size; or give input_shape",
     )
     input_shape: list[int] | None = Field(
         default=None,
-        description="shape of one random batch, e.g. [8, 3, 32, 32], when inputs is not given",
+        description="shape of a random batch, e.g. [8, 3, 32, 32], if no inputs",
     )
-    input_dtype: DType = Field(default="float32", description="dtype of the random input batch")
+    input_dtype: DType = Field(default="float32", description="dtype of the random batch")
     loss: str | None = Field(
         default=None,
-        description="'file.py:loss_fn' called as loss_fn(output, batch) -> scalar; "
-        "default: the mean of the output (or the sum of the means of its tensors)",
+        description="'file.py:loss_fn': loss_fn(output, batch) -> scalar; "
+        "default: the output's mean (summed over tensors)",
     )
-    device: Device = Field(default="auto", description="'auto' uses CUDA when present, else CPU")
+    device: Device = Field(default="auto", description="'auto': CUDA when present, else CPU")
+    cpu_threads: int | None = Field(  # runner.threads has the rule and the measurements behind it
+        default=None,
+        ge=1,
+        le=1024,
+        description="torch threads (default: round(cores - load avg), >= 1)",
+    )
 
     @field_validator(*REFERENCE_FIELDS, check_fields=False)  # a request type may lack data/function
     @classmethod

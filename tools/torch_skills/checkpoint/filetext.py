@@ -36,7 +36,7 @@ MAX_FIELD = 4096  # any other string of a result (load_error, problem messages, 
 # result fields whose strings come from the file itself (names, keys, sources), wherever they sit
 FILE_TEXT_FIELDS = frozenset(
     "name key source qualified checkpoint_key compared missing unexpected tied_missing "
-    "globals_allowed needs_safe_globals parameter state_key".split()
+    "globals_allowed needs_safe_globals parameter state_key module peft_key peft_type".split()
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,23}")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){1,4}")

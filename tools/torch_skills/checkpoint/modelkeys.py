@@ -15,6 +15,10 @@ Use it in the worker before `compare_state_dicts`:
   stripping `base_model_prefix`), taken from transformers itself so it follows the installed
   version. None for other models.
 
+For a PEFT adapter (checkpoint.adapter): `layer_shapes(model)` and `base_entries(model)` describe the
+base model an adapter goes on, by the bare base's names, also when the factory returns a PeftModel
+(get_peft_model's result) or a model with LoRA already injected.
+
 Known limitations: transformers' WeightConverters (several checkpoint tensors merged or split into
 one parameter) are not applied; their keys show as missing/unexpected pairs.
 """
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torch_skills.checkpoint.adapter import LayerShape
 from torch_skills.checkpoint.fit import Entry, LibraryRename
 
 
@@ -102,3 +107,63 @@ def _prefix_only(prefix: str, entries: dict[str, Entry]) -> LibraryRename | None
 
 
 RenameFn = Callable[[str], str]
+
+
+_PEFT_PARTS = frozenset(
+    "lora_A lora_B lora_embedding_A lora_embedding_B lora_magnitude_vector lora_dropout modules_to_save".split()
+)
+_PEFT_WRAPPERS = frozenset({"base_layer", "original_module"})
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """A peft PeftModel (what get_peft_model returns): its base model sits under base_model.model."""
+    return any(c.__module__.startswith("peft.") and c.__name__ == "PeftModel" for c in type(model).__mro__)
+
+
+def adapter_base(model: torch.nn.Module) -> torch.nn.Module:
+    """The base model an adapter goes on: `model`, or the one inside a PeftModel."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def _as_base(name: str) -> str | None:
+    """A module or key name of a LoRA-injected model as the bare base names it; None for PEFT's own parts."""
+    parts = name.split(".")
+    if any(p in _PEFT_PARTS for p in parts):
+        return None
+    return ".".join(p for p in parts if p not in _PEFT_WRAPPERS)
+
+
+def base_entries(model: torch.nn.Module) -> dict[str, Entry]:
+    """adapter_base(model)'s state-dict entries under the bare base model's names (LoRA parts dropped)."""
+    out = {}
+    for key, entry in model_keys(adapter_base(model)).entries.items():
+        name = _as_base(key)
+        if name is not None:
+            out.setdefault(name, entry)
+    return out
+
+
+def layer_shapes(model: torch.nn.Module) -> dict[str, LayerShape]:
+    """Every named module of the base model with the sizes LoRA builds its matrices from (see
+    checkpoint.adapter); a PeftModel or LoRA-injected module is described as its bare base layer."""
+    out: dict[str, LayerShape] = {}
+    for raw, module in adapter_base(model).named_modules():
+        name = _as_base(raw)
+        if not name or name in out:
+            continue
+        if hasattr(module, "get_base_layer"):  # a peft tuner layer: describe what it wraps
+            module = module.get_base_layer()
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear):
+            out[name] = LayerShape("linear", module.in_features, module.out_features)
+        elif isinstance(module, torch.nn.Embedding):
+            out[name] = LayerShape("embedding", module.num_embeddings, module.embedding_dim)
+        elif isinstance(module, torch.nn.modules.conv._ConvNd):
+            out[name] = LayerShape("conv", module.in_channels, module.out_channels, tuple(module.kernel_size))
+        elif type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            out[name] = LayerShape(
+                "linear", weight.shape[0], weight.shape[1]
+            )  # transformers' GPT-2 (in, out)
+        else:
+            out[name] = LayerShape("other")
+    return out

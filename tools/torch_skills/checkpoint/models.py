@@ -41,6 +41,7 @@ Layout = Literal[
     "huggingface_model",
     "huggingface_trainer",  # checkpoint-N/ with optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json
     "dcp",
+    "peft_adapter",  # adapter_config.json + adapter_model.safetensors/.bin (peft_model.save_pretrained)
     "tensor",  # a single tensor
     "other",
     "not_loaded",  # unsafe or unreadable: contents were not read
@@ -64,12 +65,13 @@ class VerifyCheckpointRequest(ModelInputs):
 
     path: str = Field(
         description="checkpoint file (.pt .pth .ckpt .bin .pkl .joblib .npy .npz .pt2 .safetensors, zip/tar, "
-        "*.index.json) or folder (DCP, Hugging Face model or Trainer checkpoint; every file is sniffed)"
+        "*.index.json) or folder (DCP, Hugging Face model or Trainer checkpoint, PEFT adapter; every file is "
+        "sniffed)"
     )
     model: str | None = Field(  # type: ignore[assignment]
         default=None,
-        description="optional model factory 'path/to/file.py:build'; compares the checkpoint's keys "
-        "and shapes with the model's state dict",
+        description="optional model factory 'file.py:build': keys and shapes are checked against its "
+        "state dict (for a PEFT adapter folder: the base model)",
     )
     load_and_run: bool = Field(
         default=False,
@@ -236,6 +238,20 @@ class PrefixFix(BaseModel):
     code: str = Field(description="Python that renames state_dict keys before load_state_dict")
 
 
+LoaderName = Literal["load_state_dict", "from_pretrained", "peft_from_pretrained"]
+
+
+class LoaderCall(BaseModel):
+    """A loader (torch's model.load_state_dict; transformers' Cls.from_pretrained, which adds or strips
+    base_model_prefix; peft's PeftModel.from_pretrained): whether the keys fit through it as is, after the
+    rename in `call`, and the exact Python (null: no known rename makes it fit)."""
+
+    loader: LoaderName
+    fits_as_is: bool
+    fits: bool
+    call: str | None
+
+
 class KeyMismatch(BaseModel):
     compared: str = Field(description="the checkpoint entry compared with the model's state dict")
     checkpoint_keys: int
@@ -261,6 +277,51 @@ class KeyMismatch(BaseModel):
         "applied before comparing",
     )
     library_renamed: int = Field(default=0, description="checkpoint keys that library rename changed")
+    loaders: list[LoaderCall] = Field(default_factory=list, description="the fit and exact call per loader")
+
+
+AdapterProblemCode = Literal[
+    "targets_not_in_base",  # target_modules selects no module of the base: PEFT refuses to load it
+    "module_not_in_base",  # the adapter has weights for a module the base model lacks
+    "unsupported_layer",  # the base module is not a layer type LoRA wraps (Linear, Embedding, Conv, Conv1D)
+    "rank_mismatch",  # a LoRA matrix's rank is not the r (or rank_pattern) of adapter_config.json
+    "in_features_mismatch",  # lora_A's input size is not the base layer's: a different base model
+    "out_features_mismatch",  # lora_B's output size is not the base layer's: a different base model
+    "not_targeted",  # weights for a module target_modules does not select: PEFT builds no LoRA there
+    "no_adapter_weights",  # a module target_modules selects has no weights in the file (stays at init)
+    "saved_module_shape",  # a modules_to_save / base tensor differs in shape from the base model's
+    "unrecognised_key",  # a key that names neither a LoRA matrix nor a base-model tensor
+]
+
+
+class AdapterProblem(BaseModel):
+    """At a base-model module (file text): the file's key, the key PEFT loads it as, and the shapes.
+    no_adapter_weights is a warning, every other code an error."""
+
+    code: AdapterProblemCode
+    module: str
+    key: str | None
+    peft_key: str | None
+    adapter_shape: list[int] | None
+    expected_shape: list[int] | None
+
+
+class AdapterCheck(BaseModel):
+    """A PEFT adapter checked as PeftModel.from_pretrained(base_model, folder) loads it (adapter name
+    'default' inserted into each key). modelled: LoRA (keys and shapes checked); targeted_modules: null
+    when undecidable; peft_type is file text."""
+
+    peft_type: str
+    modelled: bool
+    r: int | None
+    lora_modules: int
+    targeted_modules: int | None
+    saved_tensors: int
+    fits: bool
+    problems: list[AdapterProblem]
+    problem_count: int
+    loader: LoaderCall
+    config_error: str | None = None
 
 
 class LoadAndRun(BaseModel):
@@ -272,6 +333,7 @@ class LoadAndRun(BaseModel):
     output_shapes: list[list[int]]
     output_finite: bool | None
     mode: str = "eval"
+    loader: LoaderName = "load_state_dict"
     batch_rule: BatchRule | None = Field(default=None, description="how the batch was fed to the forward")
 
 
@@ -311,6 +373,7 @@ class VerifyCheckpointResult(BaseModel):
     missing_for_resume: list[ResumeRole]
     optimizers: list[OptimizerCheck]
     key_mismatch: KeyMismatch | None
+    adapter: AdapterCheck | None = None
     load_and_run: LoadAndRun | None
     findings: list[Finding] = Field(description="the tool's own words; file text stays in the fields")
     summary: str = Field(description="the tool's own words, no text from the file")

@@ -6,8 +6,10 @@ VerifyCheckpointResult whose facts are filled in; each finding names the skill t
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
+from torch_skills.checkpoint.adapter import severity as adapter_severity
 from torch_skills.checkpoint.filetext import prose_name, shown_global
 from torch_skills.checkpoint.models import VerifyCheckpointResult
 from torch_skills.checkpoint.verdict import CORRUPT_CODES
@@ -166,8 +168,139 @@ def _resume_findings(r: VerifyCheckpointResult) -> list[Finding]:
     return out
 
 
-def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
+_HF_WEIGHTS = re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?")
+LOADER_WORDS = {
+    "load_state_dict": "plain model.load_state_dict",
+    "from_pretrained": "transformers' from_pretrained (it adds or strips the class's base_model_prefix and "
+    "applies its own key renames)",
+}
+
+
+def _loader_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    """When the fit holds through one loader and not as is through another: say which, with both calls."""
+    k = r.key_mismatch
+    if k is None or not k.fits or len(k.loaders) < 2:
+        return []
+    as_is = [c for c in k.loaders if c.fits_as_is]
+    other = [c for c in k.loaders if not c.fits_as_is]
+    if not as_is or not other:
+        return []
+    lines = [f"the keys fit as they are only through {LOADER_WORDS[as_is[0].loader]}, not through "]
+    lines[0] += " or ".join(LOADER_WORDS[c.loader].split(" (")[0] for c in other) + "."
+    if k.prefix_fix is None:  # the calls quote only the model's class and prefix and your path: no file text
+        for c in [*as_is, *other]:
+            if c.call:
+                lines.append(f"With {c.loader}:\n{c.call}")
+            else:
+                lines.append(f"{c.loader}: no rename the tool knows makes it fit; use the other loader.")
+    else:
+        lines.append("The exact call for each is in key_mismatch.loaders[].call.")
+    # a save_pretrained file is loaded with from_pretrained as a rule: then the note is for information
+    hf_file = r.layout == "huggingface_model" or _HF_WEIGHTS.match(
+        r.path.replace("\\", "/").rsplit("/", 1)[-1]
+    )
+    expected = hf_file and as_is[0].loader == "from_pretrained"
+    return [
+        Finding(
+            severity="info" if expected else "warning",
+            code="fit_depends_on_loader",
+            message="\n".join(lines),
+            skill=SKILL,
+        )
+    ]
+
+
+ADAPTER_PROBLEM_WORDS = {
+    "targets_not_in_base": "adapter_config.json's target_modules select no module of "
+    "the base model, so PeftModel.from_pretrained raises ValueError: the adapter was made for another "
+    "architecture, or this is not the base model it was trained on",
+    "module_not_in_base": "{n} modules the adapter holds LoRA weights for do not exist in the base model (names "
+    "in adapter.problems): it was trained on a different base (more layers or other module names); PEFT drops "
+    "those weights",
+    "rank_mismatch": "{n} modules' LoRA matrices have a rank other than the r={r} (or rank_pattern) of "
+    "adapter_config.json (first: {first}): loading fails with a size mismatch; the config and the weights come "
+    "from different runs, so set r / rank_pattern to the weights' rank",
+    "in_features_mismatch": "{n} modules' lora_A input size differs from the base layer's (first: {first}): the "
+    "adapter was trained on a different base model (another size or variant); load it onto that one",
+    "out_features_mismatch": "{n} modules' lora_B output size differs from the base layer's (first: {first}): the "
+    "adapter was trained on a different base model (another size or variant); load it onto that one",
+    "not_targeted": "{n} modules have LoRA weights but target_modules does not select them (first: {first}): "
+    "PEFT builds no LoRA layer there and drops the weights",
+    "no_adapter_weights": "{n} modules target_modules selects have no LoRA weights in the file (first: {first}): "
+    "PEFT leaves them at its initialisation (lora_B is zero), so the adapter changes nothing there",
+    "saved_module_shape": "{n} saved tensors (modules_to_save) differ in shape from the base model's (first: "
+    "{first}): loading fails with a size mismatch",
+    "unsupported_layer": "{n} modules with LoRA weights or selected by target_modules are not layer types LoRA "
+    "wraps (Linear, Embedding, ConvNd, Conv1D) (first: {first})",
+    "unrecognised_key": "{n} adapter keys name neither a LoRA matrix nor a tensor of the base model (names in "
+    "adapter.problems): PEFT drops them",
+}
+_FILE_NAMED = ("module_not_in_base", "unrecognised_key", "targets_not_in_base")  # their module is file text
+
+
+def _adapter_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    a = r.adapter
+    if a is None:
+        return []
+    call = a.loader.call or ""
+    if a.config_error:
+        return [
+            Finding(
+                severity="error",
+                code="adapter_config_unusable",
+                message=f"a PEFT adapter folder whose config cannot be used: {a.config_error}. PEFT reads the same "
+                "file, so PeftModel.from_pretrained cannot load it either.",
+                skill=SKILL,
+            )
+        ]
+    if not a.modelled:
+        return [
+            Finding(
+                severity="info",
+                code="adapter_not_modelled",
+                message="a PEFT adapter of a type other than LoRA (adapter.peft_type): its keys were not compared "
+                f"with the base model. Load it as PEFT does:\n{call}",
+                skill=SKILL,
+            )
+        ]
     out = []
+    by_code: dict[str, list] = defaultdict(list)
+    for p in a.problems:
+        by_code[p.code].append(p)
+    for code, items in by_code.items():
+        p = items[0]
+        first = f"{p.module}: {p.adapter_shape} in the adapter, PEFT builds {p.expected_shape}"
+        if p.adapter_shape is None or p.expected_shape is None:
+            first = p.module
+        if code in _FILE_NAMED:
+            first = "adapter.problems"
+        n = len(items)  # of the problems listed (adapter.problem_count counts them all)
+        out.append(
+            Finding(
+                severity=adapter_severity(code),
+                code=f"adapter_{code}",
+                message=ADAPTER_PROBLEM_WORDS[code].format(n=n, r=a.r, first=first) + ".",
+                skill=SKILL,
+            )
+        )
+    if a.fits:
+        saved = f" and {a.saved_tensors} saved tensor(s) (modules_to_save)" if a.saved_tensors else ""
+        out.insert(
+            0,
+            Finding(
+                severity="info",
+                code="adapter_fits",
+                message=f"a PEFT LoRA adapter (r={a.r}) for {a.lora_modules} modules of the base model{saved}: it "
+                "fits the base model as PEFT loads it (adapter name 'default' inserted). Load it with:\n"
+                f"{call}",
+                skill=SKILL,
+            ),
+        )
+    return out
+
+
+def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
+    out = _adapter_findings(r) + _loader_findings(r)
     k = r.key_mismatch
     if k is None:
         return out
@@ -175,7 +308,14 @@ def _fit_findings(r: VerifyCheckpointResult) -> list[Finding]:
         fix = k.prefix_fix
         words = [*fix.remove_components, *fix.strip_prefix.strip(".").split(".")]
         if all(w == "" or prose_name(w) for w in words):
-            how = f"{fix.description} ({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). Before load_state_dict:\n{fix.code}"
+            plain = next((c for c in k.loaders if c.loader == "load_state_dict"), None)
+            before = (
+                "Before load_state_dict"
+                if plain is None or plain.fits
+                else "Then load with from_pretrained (key_mismatch.loaders; plain load_state_dict would also need "
+                "the library's renames). Before it"
+            )
+            how = f"{fix.description} ({k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after). {before}:\n{fix.code}"
         else:
             how = (
                 f"{k.matched_as_is} of {k.model_keys} keys match as is, {k.matched} after the rename in "
@@ -354,7 +494,8 @@ def build_findings(r: VerifyCheckpointResult, own_classes: list[str] | None = No
                 Finding(
                     severity="info",
                     code="load_and_run_ok",
-                    message=f"strict load and one forward ({lr.mode} mode) succeeded; output shapes "
+                    message=f"{'PeftModel.from_pretrained' if lr.loader == 'peft_from_pretrained' else 'strict load'}"
+                    f" and one forward ({lr.mode} mode) succeeded; output shapes "
                     f"{lr.output_shapes}, finite={lr.output_finite}.",
                     skill=SKILL,
                 )
@@ -415,10 +556,29 @@ def build_summary(r: VerifyCheckpointResult, own_classes: list[str] | None = Non
         parts.append("Weights only.")
     if any(not o.consistent for o in r.optimizers):
         parts.append("Optimizer state inconsistent.")
+    a = r.adapter
+    if r.layout == "peft_adapter" and a is None:
+        parts.append(
+            "A PEFT adapter: pass its base model as model= to check the fit; load it with "
+            "PeftModel.from_pretrained(base_model, folder)."
+        )
+    elif a is not None and a.fits:
+        parts.append(
+            f"A PEFT LoRA adapter for {a.lora_modules} modules: fits the base model as PEFT loads it "
+            "(adapter.loader.call)."
+        )
+    elif a is not None and a.modelled:
+        codes = ", ".join(sorted({p.code for p in a.problems if adapter_severity(p.code) == "error"}))
+        parts.append(f"A PEFT LoRA adapter that does not fit the base model as PEFT loads it: {codes}.")
+    elif a is not None:
+        parts.append("A PEFT adapter whose fit was not checked (see findings).")
     k = r.key_mismatch
     if k is not None:
         if k.fits:
             fix = " after the rename in key_mismatch.prefix_fix" if k.prefix_fix else ""
+            only = [c.loader for c in k.loaders if c.fits_as_is]
+            if len(k.loaders) > 1 and len(only) == 1:
+                fix += f" through {only[0]} as is (key_mismatch.loaders has the call for each loader)"
             parts.append(f"Fits the model{fix}.")
         else:
             parts.append(

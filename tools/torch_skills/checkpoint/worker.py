@@ -16,16 +16,26 @@ from typing import Any
 
 import torch
 
+from torch_skills.checkpoint.adapter import check_adapter
+from torch_skills.checkpoint.adapter_config import (
+    AdapterConfigError,
+    adapter_config_path,
+    read_adapter_config,
+)
 from torch_skills.checkpoint.allowlist import Policy
+from torch_skills.checkpoint.confine import Confinement
 from torch_skills.checkpoint.contents import find_nonfinite, summarize_tensors
 from torch_skills.checkpoint.filetext import wire_safe_result
 from torch_skills.checkpoint.fit import FitReport, compare_state_dicts
 from torch_skills.checkpoint.load import CheckpointLoadError, LoadedCheckpoint, load_checkpoint
-from torch_skills.checkpoint.modelkeys import model_keys
+from torch_skills.checkpoint.loaders import HFClass, loader_calls
+from torch_skills.checkpoint.modelkeys import ModelKeys, base_entries, is_peft_model, layer_shapes, model_keys
 from torch_skills.checkpoint.models import (
+    AdapterCheck,
     FileProblem,
     KeyMismatch,
     LoadAndRun,
+    LoaderCall,
     PrefixFix,
     ResumeCheck,
     ShapeMismatchInfo,
@@ -59,7 +69,9 @@ from torch_skills.runner.usercode import (
 _LIGHTNING_KEYS = ("pytorch-lightning_version", "optimizer_states")
 
 
-def _layout(scan: StaticScan, loaded: LoadedCheckpoint | None, resume: ResumeCheck | None) -> str:
+def _layout(
+    scan: StaticScan, loaded: LoadedCheckpoint | None, resume: ResumeCheck | None, adapter: bool
+) -> str:
     if loaded is None or loaded.obj is None:
         return "not_loaded"
     if scan.format == "dcp":
@@ -68,7 +80,11 @@ def _layout(scan: StaticScan, loaded: LoadedCheckpoint | None, resume: ResumeChe
     if loaded.folder:
         names = set(obj) if isinstance(obj, Mapping) else set()
         trainer = {"optimizer.pt", "scheduler.pt", "trainer_state.json"} & names
-        return "huggingface_trainer" if trainer else "huggingface_model"
+        if trainer:  # a Trainer checkpoint of a PEFT run also holds the adapter: checked as one all the same
+            return "huggingface_trainer"
+        return "peft_adapter" if adapter else "huggingface_model"
+    if adapter:  # adapter_model.safetensors named on its own, its config beside it
+        return "peft_adapter"
     if leaf_info(obj) is not None:
         return "tensor"
     if is_tensor_mapping(obj):
@@ -101,7 +117,9 @@ def _checkpoint_model_state(
     return role.key, dict(walk(value))
 
 
-def _key_mismatch(compared: str, report: FitReport, max_listed: int) -> KeyMismatch:
+def _key_mismatch(
+    compared: str, report: FitReport, max_listed: int, loaders: list[LoaderCall] | None = None
+) -> KeyMismatch:
     fix = report.fix
     prefix = None
     if not fix.is_identity:
@@ -134,7 +152,78 @@ def _key_mismatch(compared: str, report: FitReport, max_listed: int) -> KeyMisma
         tied_missing=report.tied_missing[:max_listed],
         library_rename=report.library,
         library_renamed=report.library_renamed,
+        loaders=loaders or [],
     )
+
+
+def _hf_class(model: torch.nn.Module) -> HFClass:
+    """How to import the user's transformers model class (named from their object, never the file)."""
+    cls = type(model)
+    try:
+        import transformers
+
+        module = "transformers" if getattr(transformers, cls.__name__, None) is cls else cls.__module__
+    except ImportError:
+        module = cls.__module__
+    return HFClass(cls.__name__, module, getattr(model, "base_model_prefix", "") or "")
+
+
+def _compare(
+    path: Any, loaded: LoadedCheckpoint, compared: str, shapes: dict, keys: ModelKeys, model, max_listed: int
+) -> tuple[KeyMismatch, FitReport]:
+    """The key comparison with the library's renames, and the verdict and call per loader."""
+    report = compare_state_dicts(shapes, keys.entries, tied=keys.tied, library=keys.library)
+    if keys.library is None:
+        return _key_mismatch(
+            compared, report, max_listed, loader_calls(report, report, library_keys={}, hf=None, folder=None)
+        ), report
+    plain = compare_state_dicts(shapes, keys.entries, tied=keys.tied)
+    renames = {k: keys.library.rename(k) for k in shapes}
+    folder = str(path) if loaded.folder and (path / "config.json").is_file() else None
+    calls = loader_calls(report, plain, library_keys=renames, hf=_hf_class(model), folder=folder)
+    return _key_mismatch(compared, report, max_listed, calls), report
+
+
+def _adapter_check(
+    config_path: Any, folder: Any, entries: dict[str, Any], model: torch.nn.Module, max_listed: int
+) -> AdapterCheck:
+    """The adapter's fit to the base model as PEFT loads it (checkpoint.adapter)."""
+    shapes = {k: (info.shape, info.dtype) for k, v in entries.items() if (info := leaf_info(v)) is not None}
+    base = base_entries(model)
+    try:
+        config = read_adapter_config(config_path)
+    except AdapterConfigError as e:
+        return AdapterCheck(
+            peft_type="",
+            modelled=False,
+            r=None,
+            lora_modules=0,
+            targeted_modules=None,
+            saved_tensors=0,
+            fits=False,
+            problems=[],
+            problem_count=0,
+            loader=LoaderCall(loader="peft_from_pretrained", fits_as_is=False, fits=False, call=None),
+            config_error=str(e),
+        )
+    return check_adapter(config, shapes, layer_shapes(model), base, folder=str(folder), max_listed=max_listed)
+
+
+def _load_adapter(folder: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """The user's base model with the adapter, loaded by PEFT itself: PeftModel.from_pretrained(model, folder),
+    or, when the factory already returns a PeftModel, its load_adapter under a fresh name."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise RuntimeError(
+            "peft is not installed in the interpreter that runs your model: install it (pip install peft) to "
+            "load the adapter"
+        ) from None
+    if is_peft_model(model):
+        model.load_adapter(str(folder), adapter_name="checked")
+        model.set_adapter("checked")
+        return model
+    return PeftModel.from_pretrained(model, str(folder))
 
 
 def _materialize(leaf: Any) -> torch.Tensor:
@@ -157,16 +246,27 @@ def _load_and_run(
     job: JobContext,
     model: torch.nn.Module,
     state: dict[str, Any],
-    report: FitReport,
+    report: FitReport | None,
+    adapter_folder: Any = None,
 ) -> LoadAndRun:
+    """Load the weights (load_state_dict after the fit's renames, or PEFT for an adapter folder), run one forward."""
     result = LoadAndRun(
         loaded=False,
-        prefix_fix_applied=not report.fix.is_identity,
+        prefix_fix_applied=report is not None and not report.fix.is_identity,
         error=None,
         forward_ran=False,
         output_shapes=[],
         output_finite=None,
+        loader="peft_from_pretrained" if report is None else "load_state_dict",
     )
+    if report is None:
+        try:
+            model = _load_adapter(adapter_folder, model)
+            result.loaded = True
+        except Exception as e:  # PEFT's refusal is the finding, not a tool failure
+            result.error = _error_text("PeftModel.from_pretrained(base_model, folder)", e)
+            return result
+        return _forward(request, job, model, result)
     try:
         renamed = {report.fix.apply(k): _materialize(v) for k, v in state.items()}
     except Exception as e:  # a DCP item or safetensors range that cannot be read back
@@ -188,6 +288,12 @@ def _load_and_run(
         how = "strict=False, tied keys excepted" if not result.strict else "strict=True"
         result.error = _error_text(f"model.load_state_dict({how})", e)
         return result
+    return _forward(request, job, model, result)
+
+
+def _forward(
+    request: VerifyCheckpointRequest, job: JobContext, model: torch.nn.Module, result: LoadAndRun
+) -> LoadAndRun:
     device = resolve_device(request.device)
     with user_code("moving the model to the device"):
         model = model.to(device).eval()
@@ -208,7 +314,6 @@ def _load_and_run(
 
 
 def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointResult:
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     path = resolve_checkpoint_path(request.path, job)
     job.progress(0, 4, "static scan (nothing is loaded yet)")
     policy = Policy(numpy=request.allow_numpy, data_classes=request.allow_data_classes)
@@ -253,14 +358,22 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
             )
             not_safe(facts, "corrupt", "tensor_data_unreadable", path.name, load_error)
     key_mismatch = None
+    adapter = None
     run_result = None
     model_params = None
+    config_path = adapter_config_path(
+        path, Confinement.of(path if path.is_dir() else path.parent, job.allowed_roots)
+    )
     if request.model is not None and loaded is not None and resume is not None:
         job.progress(3, 4, f"building {request.model}")
         model = build_model(request, job.cwd, job.allowed_roots, None, to_device=False)
         model_params = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
         state = _checkpoint_model_state(loaded, resume)
-        if state is not None:
+        if state is not None and config_path is not None:
+            adapter = _adapter_check(config_path, config_path.parent, state[1], model, request.max_listed)
+            if request.load_and_run:
+                run_result = _load_and_run(request, job, model, state[1], None, config_path.parent)
+        elif state is not None:
             compared, entries = state
             shapes = {}
             for k, v in entries.items():
@@ -268,8 +381,7 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
                 if info is not None:
                     shapes[k] = (info.shape, info.dtype)
             keys = model_keys(model)
-            report = compare_state_dicts(shapes, keys.entries, tied=keys.tied, library=keys.library)
-            key_mismatch = _key_mismatch(compared, report, request.max_listed)
+            key_mismatch, report = _compare(path, loaded, compared, shapes, keys, model, request.max_listed)
             if request.load_and_run:
                 run_result = _load_and_run(request, job, model, entries, report)
     elif request.load_and_run:
@@ -284,7 +396,7 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
         )
     result = VerifyCheckpointResult(
         path=str(path),
-        layout=_layout(scan, loaded, resume),
+        layout=_layout(scan, loaded, resume, config_path is not None),
         loaded=loaded is not None,
         loaded_with=loaded.how if loaded is not None else None,
         load_error=load_error,
@@ -297,13 +409,14 @@ def run(request: VerifyCheckpointRequest, job: JobContext) -> VerifyCheckpointRe
         if resume is not None
         else [],
         key_mismatch=key_mismatch,
+        adapter=adapter,
         load_and_run=run_result,
         findings=[],
         summary="",
         **facts,
     )
     extra = []
-    if request.model is not None and loaded is not None and key_mismatch is None:
+    if request.model is not None and loaded is not None and key_mismatch is None and adapter is None:
         extra.append(
             Finding(
                 severity="warning",

@@ -42,8 +42,8 @@ class DistributedRequest(ModelInputs):
 
     data: str | None = Field(
         default=None,
-        description="'file.py:make_loader' called in every rank (with rank=, world_size= when it "
-        "takes them) returning that rank's loader; replaces inputs/input_shape",
+        description="'file.py:make_loader' called in every rank (with rank=, world_size= if it "
+        "takes them) returning its loader; replaces inputs/input_shape",
     )
     world_size: int = Field(default=2, ge=2, le=8, description="ranks to start")
     steps: int = Field(default=3, ge=1, le=50, description="training steps each rank runs")

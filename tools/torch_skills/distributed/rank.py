@@ -64,6 +64,7 @@ class Plan:
     cwd: Path
     roots: list[Path]
     device: str  # "cpu" | "cuda"
+    threads: int = 1  # torch intra-op threads per rank (worker.rank_threads)
 
     def path(self, rank: int, name: str) -> Path:
         return self.dir / f"rank{rank}.{name}"
@@ -98,7 +99,7 @@ def rank_main(plan: Plan, rank: int) -> None:
         fault = open(plan.path(rank, "fault.txt"), "w")  # noqa: SIM115 - open until the rank exits
         faulthandler.enable(file=fault)  # a crash leaves the rank's Python stack for the supervisor
         faulthandler.register(DUMP_SIGNAL, file=fault)  # ...and so does a hang, before the kill
-        torch.set_num_threads(1)  # world_size ranks share the machine's cores
+        torch.set_num_threads(plan.threads)  # world_size ranks share the machine's cores
         Rank(plan, rank).run()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
         code = 1

@@ -42,6 +42,7 @@ from torch_skills.distributed.rank import Plan
 from torch_skills.results import BatchRule
 from torch_skills.runner.child import JobContext
 from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.threads import rank_threads
 from torch_skills.runner.usercode import build_model, compute_loss, load_callable, split_batch, user_code
 
 SKILL = F.SKILL
@@ -93,7 +94,8 @@ def run(request: DistributedRequest, job: JobContext) -> DistributedResult:
     folder = job.job_dir / "dist"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    plan = Plan(request, folder, job.cwd, job.allowed_roots, device)
+    job.cpu_threads = rank_threads(request.cpu_threads, job.cpu_threads, request.world_size)
+    plan = Plan(request, folder, job.cwd, job.allowed_roots, device, job.cpu_threads)
     job.progress(0, 3, f"running {request.world_size} ranks ({request.strategy}, {device})")
     exits = launch(plan)
     job.progress(1, 3, "comparing the ranks")

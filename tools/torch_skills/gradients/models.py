@@ -80,12 +80,12 @@ class GradientRequest(ModelInputs):
 
     model: str | None = Field(  # type: ignore[assignment]  # optional here: gradcheck mode needs none
         default=None,
-        description="the model factory, 'path/to/file.py:build' or 'package.module:build'; give this or function",
+        description="model factory 'file.py:build' or 'package.module:build'; or give function",
     )
     function: str | None = Field(
         default=None,
-        description="gradcheck mode: 'file.py:MyFunction', an autograd.Function subclass (called via .apply) "
-        "or a plain callable; inputs/input_shape are its arguments, cast to float64",
+        description="gradcheck mode: 'file.py:MyFunction', an autograd.Function (called via .apply) "
+        "or a callable; inputs/input_shape are its arguments, cast to float64",
     )
     gradgradcheck: bool = Field(default=False, description="gradcheck mode: also check second derivatives")
     fast_mode: bool = Field(

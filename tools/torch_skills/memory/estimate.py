@@ -17,7 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from torch_skills.memory.ledger import ALLOC, StorageRecord
-from torch_skills.memory.overheads import cublas_workspace_bytes, cuda_context_bytes, uses_cublas
+from torch_skills.memory.overheads import (
+    CUBLASLT_WORKSPACE,
+    cublas_workspace_bytes,
+    cublaslt_threads,
+    cuda_context_bytes,
+    uses_cublas,
+)
 from torch_skills.memory.sharding import ShardPlan, apply_plan, shard_plan
 from torch_skills.memory.timeline import CATEGORIES, replay_events
 from torch_skills.memory.trace import Trace
@@ -79,16 +85,18 @@ def estimate_trace(trace: Trace, target: Target) -> Estimate:
     assumptions = list(plan.assumptions)
     if target.cuda:
         context = cuda_context_bytes()
+        blocks = []
         if uses_cublas(trace.events):
             handles = 2 if target.training else 1
-            workspace = cublas_workspace_bytes(hopper=target.hopper, handles=handles)
-            events = [
-                (
-                    ALLOC,
-                    StorageRecord(-10_000 - i, workspace // handles, "buffer", "setup", "cuBLAS workspace"),
-                )
-                for i in range(handles)
-            ] + events
+            blocks += [
+                (cublas_workspace_bytes(hopper=target.hopper, handles=1), "cuBLAS workspace")
+            ] * handles
+        blocks += [(CUBLASLT_WORKSPACE, "cuBLASLt workspace")] * cublaslt_threads(trace.events)
+        workspace = sum(nbytes for nbytes, _ in blocks)
+        events = [
+            (ALLOC, StorageRecord(-10_000 - i, nbytes, "buffer", "setup", name))
+            for i, (nbytes, name) in enumerate(blocks)
+        ] + events
     capacity = None
     if target.capacity_bytes is not None and target.cuda:
         capacity = max(0, target.capacity_bytes - context)

@@ -20,9 +20,11 @@ replayed (`torch_skills.memory.timeline`).
 
 Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
 an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
-except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`),
-whose scratch is recorded as a temporary alive during the op (`StorageRecord.scratch`), on fake
-tensors from a probe run and on real tensors from the op's own run; sparse and wrapper-subclass
+except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`:
+on fake tensors from a probe run, on real CPU tensors from the op's own run), the CUDA kernels a
+`CudaKernelModel` sizes from shapes (`torch_skills.memory.cudakernels`) and, on a real CUDA step,
+the workspace a `CudaScratchMeter` measures around every op; all are recorded as temporaries
+alive during the op (`StorageRecord.scratch`); sparse and wrapper-subclass
 tensors are skipped.
 """
 
@@ -81,10 +83,12 @@ class Sample:
 class StorageLedger(TorchDispatchMode):
     """Records storage births and deaths around every aten op; see the module docstring."""
 
-    def __init__(self, scope: Any = None, probe: Any = None):
+    def __init__(self, scope: Any = None, probe: Any = None, kernels: Any = None, meter: Any = None):
         super().__init__()
         self.scope = scope  # a ModuleScope (torch_skills.memory.modules) or None
         self.probe = probe  # a KernelProbe (torch_skills.memory.probes) or None
+        self.kernels = kernels  # a CudaKernelModel (torch_skills.memory.cudakernels) or None
+        self.meter = meter  # a CudaScratchMeter (torch_skills.memory.probes) on a real CUDA step, or None
         self.events: list[tuple[str, Any]] = []
         self.current_phase = "setup"
         self._live: dict[int, tuple[weakref.ref, StorageRecord]] = {}
@@ -136,6 +140,8 @@ class StorageLedger(TorchDispatchMode):
     # -- TorchDispatchMode --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.meter is not None:
+            self.meter.start()
         found = None
         if self.probe is not None and self.probe.measures_calls(func) and not _is_fake((args, kwargs)):
             out, found = self.probe.call(func, args, kwargs)  # a real step: measure the kernel's own run
@@ -145,16 +151,25 @@ class StorageLedger(TorchDispatchMode):
                 found = self.probe.measure(func, args, kwargs)
                 if found is not None:
                     out = _with_true_sizes(out, found.output_numels)
+        measured = self.meter.stop() if self.meter is not None else 0
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf)
         name = str(func.overloadpacket.__name__)
+        scratch = []
         if found is not None and found.scratch_bytes > 0 and self.probe.scratch:
-            scratch = self._new_record(found.scratch_bytes, "temporary")
-            scratch.scratch = True
-            self.events.append((ALLOC, scratch))
+            scratch.append(found.scratch_bytes)
+        if self.meter is not None:  # a real CUDA op: its workspace is measured, not modelled
+            scratch += [measured] if measured > 0 else []
+        elif self.kernels is not None:
+            scratch += self.kernels.scratch(func, args, kwargs)
+        if scratch:
+            records = [self._new_record(nbytes, "temporary") for nbytes in scratch]
+            for rec in records:
+                rec.scratch = True
+            self.events.extend((ALLOC, rec) for rec in records)
             self._sample(f"{name} (kernel scratch)")
-            self.events.append((FREE, scratch))
+            self.events.extend((FREE, rec) for rec in records)
         self._sample(name)
         return out
 

@@ -174,9 +174,9 @@ class EstimateMemoryResult(BaseModel):
     )
     kernel_scratch_bytes: int = Field(
         default=0,
-        description="of peak_allocated_bytes, the kernel scratch alive at the peak (convolution/RNN buffers a "
-        "kernel allocates and frees inside one call, measured by running that kernel once for real); "
-        "included in breakdown.temporaries",
+        description="of peak_allocated_bytes, the kernel scratch alive at the peak: buffers a kernel allocates "
+        "and frees inside one call (convolution/RNN scratch measured by running the kernel for real; on a CUDA "
+        "target also cuDNN, attention and reduction workspaces); included in breakdown.temporaries",
     )
 
     device_memory_bytes: int | None = None

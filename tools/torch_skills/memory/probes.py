@@ -13,7 +13,8 @@ Two kinds of kernel memory are invisible to a trace on fake tensors:
   reserve, which training saves for backward, is 0 bytes in torch's meta functions for
   `mkldnn_rnn_layer` and `_cudnn_rnn`;
 - scratch a kernel allocates and frees inside the call: oneDNN reorders a convolution's input,
-  weight and output into blocked layouts on CPU; cuDNN asks for a workspace on CUDA.
+  weight and output into blocked layouts on CPU; cuDNN asks for a workspace on CUDA; the CUDA
+  flash and memory-efficient attention backward kernels allocate fp32 accumulators.
 
 The probe runs the real kernel once per distinct signature (shapes, strides, dtypes, the other
 arguments), on zero-filled tensors of the traced shapes on the traced device, and measures its
@@ -53,6 +54,10 @@ SCRATCH_OPS = {
     aten.mkldnn_rnn_layer_backward.default,
     aten._cudnn_rnn.default,
     aten._cudnn_rnn_backward.default,
+    # CUDA attention backward kernels take a workspace (9-49 MiB measured on an H100); a trace on
+    # CPU never calls them. cuDNN's is sized from shapes instead (torch_skills.memory.cudakernels).
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
 }
 PROBED_OPS = WORKSPACE_OPS | SCRATCH_OPS
 _READS_WORKSPACE = {aten.mkldnn_rnn_layer_backward.default, aten._cudnn_rnn_backward.default}
@@ -227,6 +232,33 @@ class _Shrunk:
 
     def zeros(self, device: torch.device) -> torch.Tensor:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device).zero_()
+
+
+class CudaScratchMeter:
+    """On real CUDA tensors, the bytes each op allocated and freed inside itself.
+
+    Use (the ledger wraps every op with it when a step runs for real on the GPU, the fallback
+    when tracing on fake tensors fails):
+
+        meter = CudaScratchMeter("cuda")
+        meter.start(); out = func(*args); scratch = meter.stop()
+
+    The in-op peak of `memory_allocated` above both the level before and the level after the op:
+    cuDNN and reduction workspaces, which a storage ledger cannot see (an LSTM's training forward
+    takes ~28 MiB at batch 16 on an H100 that a ledger of real storages missed).
+    """
+
+    def __init__(self, device: str | torch.device):
+        self.device = torch.device(device)
+        self._before = 0
+
+    def start(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._before = torch.cuda.memory_allocated(self.device)
+
+    def stop(self) -> int:
+        peak = torch.cuda.max_memory_allocated(self.device)
+        return max(0, peak - max(self._before, torch.cuda.memory_allocated(self.device)))
 
 
 def _signature(value) -> tuple:

@@ -26,6 +26,7 @@ import torch
 
 from torch_skills.memory.blocks import NO_FORWARD, checkpoint_candidates
 from torch_skills.memory.construct import describe_trace_failure, fake_safe_construction
+from torch_skills.memory.cudakernels import CudaKernelModel, GpuSpec
 from torch_skills.memory.estimate import Estimate, Target, estimate_trace, extrapolate
 from torch_skills.memory.findings import DOMINANT_SHARE, Facts, memory_findings, memory_summary
 from torch_skills.memory.models import (
@@ -168,6 +169,10 @@ class _Tracer:
     ):
         self.request, self.job, self.spec, self.device = request, job, spec, device
         self.probe_scratch = probe_scratch
+        # CUDA kernels' own scratch (reductions), sized for the local GPU or an H100
+        self.kernels = (
+            CudaKernelModel(GpuSpec.local_or_default()) if request.target_device == "cuda" else None
+        )
         self.model: torch.nn.Module | None = None  # the last model built (the batch rule reads its forward)
         self.rule: BatchRule | None = None  # how the last batch was fed and the loss taken
 
@@ -222,6 +227,7 @@ class _Tracer:
                     batch_size=batch_size,
                     fake=fake,
                     probe_scratch=self.probe_scratch,
+                    cuda_kernels=self.kernels,
                 )
             except CheckpointTargetMissing as exc:  # the request is wrong, not the code: no fallback
                 raise UserCodeError("bad_request", str(exc)) from exc
@@ -470,12 +476,13 @@ def _assumptions(
             "CUDA caching allocator with default settings: 512 B rounding, 2 MiB segments for requests <= 1 MiB, "
             "20 MiB segments for 1-10 MiB, larger ones rounded to 2 MiB, best-fit reuse and splitting "
             "(c10/cuda/CUDACachingAllocator.cpp)",
-            f"CUDA context: {est.context_bytes // 2**20} MiB stated (typically 300-600 MiB by GPU and driver), outside memory_reserved()",
+            f"CUDA context: {est.context_bytes // 2**20} MiB as measured on an H100 with CUDA 13 (300-700 MiB by GPU and driver), outside memory_reserved()",
             "optimizer uses the foreach implementation (CUDA's default when fused=False)",
         ]
         if est.workspace_bytes:
             out.append(
-                f"cuBLAS workspaces: {est.workspace_bytes} B (8.125 MiB per thread, 32 MiB on Hopper; forward and backward threads)"
+                f"cuBLAS workspaces: {est.workspace_bytes} B (8.125 MiB per thread, 32 MiB on Hopper; forward and backward threads; "
+                "plus 1 MiB of cuBLASLt workspace per thread that runs a biased matmul)"
             )
     else:
         out.append(
@@ -497,6 +504,10 @@ def _assumptions(
         out.append(
             f"{trace.kernels_scaled} convolution signatures were over the probes' size or time budget: their scratch "
             "was measured at batch sizes 2 and 3 and extrapolated linearly"
+        )
+    if trace.kernel_gpu:
+        out.append(
+            f"CUDA kernel scratch (reductions over outer dims, e.g. bias gradients) sized for {trace.kernel_gpu}'s SM count"
         )
     out += est.assumptions
     return out

@@ -30,14 +30,13 @@ class ProfileRequest(ModelInputs):
     data: str | None = Field(
         default=None,
         description="'file.py:make_loader' returning an iterable of batches (e.g. a DataLoader); "
-        "replaces inputs/input_shape and lets the tool measure the time spent waiting on data",
+        "replaces inputs/input_shape; the wait for data is measured",
     )
     batch_input: BatchInput = Field(
         default="auto",
-        description="'auto': the rule every tool uses (tensor -> model(x), dict -> model(**x), tuple -> "
-        "model(*x), or model(*x[:-1]) with x[-1] as the target when forward takes one argument fewer); "
-        "'whole': always model(*x) for a tuple; 'first': feed only batch[0]. "
-        "The loss function always receives the whole batch.",
+        description="'auto': every tool's rule (tensor -> model(x), dict -> model(**x), tuple -> "
+        "model(*x), or model(*x[:-1]) and x[-1] the target when forward takes one argument fewer); "
+        "'whole': model(*x); 'first': model(batch[0]). The loss gets the whole batch.",
     )
     mode: Mode = Field(
         default="train",
@@ -46,28 +45,21 @@ class ProfileRequest(ModelInputs):
     optimizer: Optimizer = Field(default="adamw", description="optimizer used in train mode")
     precision: Precision = Field(
         default="fp32",
-        description="fp32; bf16/fp16: the model and float inputs cast to that dtype; "
-        "bf16_autocast/fp16_autocast: torch.autocast around forward and loss (fp16 with a GradScaler)",
+        description="fp32; bf16/fp16: model and float inputs cast; "
+        "*_autocast: torch.autocast around forward and loss (fp16 with a GradScaler)",
     )
     warmup_steps: int = Field(default=3, ge=1, le=100, description="steps run before timing starts")
     active_steps: int = Field(default=10, ge=3, le=200, description="steps timed (and profiled)")
     compile: bool = Field(
         default=False,
-        description="also time torch.compile(model): report compile time and speed-up over eager",
+        description="also time torch.compile(model): compile time and speed-up over eager",
     )
     trace_path: str | None = Field(
         default=None,
         description="write a Chrome/Perfetto trace of the profiled steps to this .json path "
-        "(under an allowed root); open it in ui.perfetto.dev",
+        "(under an allowed root; open in ui.perfetto.dev)",
     )
     top_k: int = Field(default=15, ge=1, le=100, description="how many operators to list in top_ops")
-    cpu_threads: int | None = Field(
-        default=None,
-        ge=1,
-        le=1024,
-        description="torch.set_num_threads for the run (default: torch's, one per core); 1 keeps CPU "
-        "timings stable on a machine shared with other jobs",
-    )
 
     @field_validator("trace_path")
     @classmethod
@@ -217,7 +209,7 @@ class ProfileResult(BaseModel):
     device_name: str = Field(description="e.g. 'cpu: AMD EPYC (2 threads)' or 'NVIDIA H100 80GB HBM3'")
     cpu_threads: int = Field(
         default=1,
-        description="torch intra-op threads the measured steps ran with (cpu_threads, or torch's default)",
+        description="torch intra-op threads the measured steps ran with (cpu_threads, or the default rule's count)",
     )
     cpu_load: float | None = Field(
         default=None,

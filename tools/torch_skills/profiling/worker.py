@@ -52,6 +52,7 @@ from torch_skills.profiling.step import MATMUL_DTYPE, StepRunner, build_step, to
 from torch_skills.profiling.timing import TimedSteps, time_steps
 from torch_skills.profiling.trace import TraceSummary, profiled_pass
 from torch_skills.runner.errors import UserCodeError
+from torch_skills.runner.threads import run_threads
 
 PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step lets the profiler settle
 STAGES = 7
@@ -140,8 +141,7 @@ def _cpu_load() -> float | None:
 def run(request: ProfileRequest, job) -> ProfileResult:
     """Profile the step the request describes; see the module docstring for the stages."""
     threads = torch.get_num_threads()
-    if request.cpu_threads is not None:
-        torch.set_num_threads(request.cpu_threads)
+    run_threads(request.cpu_threads)  # already set in a worker child; here for in-process calls too
     try:
         measured = _measure(request, job)
     finally:

@@ -1,4 +1,4 @@
-"""What each forked child does: isolate itself, run one tool function, write its result.
+"""What each forked child does: isolate itself, set torch's threads, run one tool function, write its result.
 
 `run_child` is called by the zygote right after fork and never returns. Tool functions have the
 form `def run(request: SomeRequest, job: JobContext) -> SomeResult` (pydantic models); the
@@ -26,6 +26,7 @@ from typing import Any
 from torch_skills.runner import proctree, protocol
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.libraries import installed_imports
+from torch_skills.runner.threads import run_threads
 from torch_skills.runner.tracebacks import MAX_CHARS, user_location, user_traceback
 
 
@@ -38,6 +39,7 @@ class JobContext:
         self.allowed_roots = [Path(r) for r in allowed_roots]
         self.cwd = Path(cwd)
         self.started = time.perf_counter()
+        self.cpu_threads: int | None = None  # torch intra-op threads the run used (runner.threads)
         self._progress_path = job_dir / protocol.PROGRESS_FILE
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
@@ -66,13 +68,47 @@ def _isolate(write_fd: int) -> None:
     os.dup2(devnull, 0)
     os.dup2(write_fd, 1)
     os.dup2(write_fd, 2)
-    os.closerange(3, 65536)  # the protocol pipe, other jobs' pipes: none of it is the user's business
+    close_inherited_fds()  # the protocol pipe, other jobs' pipes: none of it is the user's business
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, errors="replace")
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="replace")
     faulthandler.enable(file=sys.stderr)  # a segfault still leaves a Python traceback in the output
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
+
+
+def close_inherited_fds(keep_prefixes: tuple[str, ...] = ("/dev/nvidia",)) -> None:
+    """Close every descriptor from 3 up that the zygote left open, except the GPU driver's device files.
+
+    A library in the zygote that asked NVML or the driver anything (torch.cuda.is_available() in an
+    import, say) holds /dev/nvidia* open; closing those under it makes CUDA fail in this child with
+    "CUDA error: initialization error" (measured on an H100). Without /proc, closes them all.
+    """
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, 65536)
+        return
+    for fd in fds:
+        if fd < 3:
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(keep_prefixes):
+                continue
+            os.close(fd)
+        except OSError:
+            pass  # the listing's own descriptor, already gone
+
+
+def resolve_device(requested: str) -> str:
+    """'cuda' or 'cpu' for a call that asked for 'auto', 'cpu' or 'cuda', decided in the child.
+
+    The zygote never asks (see torch_skills.runner.zygote); a worker without torch runs on the CPU.
+    """
+    if requested in ("cpu", "cuda"):
+        return requested
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
 
 def _limit_memory(limit_bytes: int, device: str, file_size_limit_bytes: int = 0) -> None:
@@ -145,13 +181,15 @@ def _resolve(fn_path: str):
     return fn, hints.get(params[0].name)
 
 
-def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd: int) -> None:
+def run_child(message: dict[str, Any], write_fd: int, _protocol_fd: int) -> None:
     """Entry point after fork. Exits the process; never returns."""
     code = 0
     job_dir = Path(message["dir"])
     before = set(sys.modules)  # what the warm worker had: the rest was imported for this call
+    device = "cpu"
     try:
         _isolate(write_fd)
+        device = resolve_device(str(message.get("device", "auto")))
         _limit_memory(
             int(message.get("memory_limit_bytes", 0)), device, int(message.get("file_size_limit_bytes", 0))
         )
@@ -162,6 +200,9 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
         fn, request_type = _resolve(message["fn"])
         payload = json.loads((job_dir / protocol.REQUEST_FILE).read_text())
         request = request_type.model_validate(payload) if hasattr(request_type, "model_validate") else payload
+        # Every run's thread count is set here, before any user code (a worker may change it and
+        # say so in ctx.cpu_threads, as check_distributed does for its ranks).
+        ctx.cpu_threads = run_threads(getattr(request, "cpu_threads", None))
         result = fn(request, ctx)
         data = result.model_dump(mode="json") if hasattr(result, "model_dump") else result
         _write_json(
@@ -170,6 +211,7 @@ def run_child(message: dict[str, Any], write_fd: int, device: str, _protocol_fd:
                 "result": data,
                 "wall_time_s": time.perf_counter() - ctx.started,
                 "device": str(device),
+                "cpu_threads": ctx.cpu_threads,
                 "libraries": installed_imports(before),
             },
         )

@@ -213,6 +213,7 @@ class JobResult:
     output_truncated: bool
     peak_rss_bytes: int
     python: str = ""  # the interpreter that ran the code
+    cpu_threads: int | None = None  # torch intra-op threads the run used (None: torch not loaded)
 
 
 @dataclass
@@ -377,7 +378,7 @@ class WorkerPool:
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "ready":
-            self._info = {k: event.get(k) for k in ("torch", "cuda", "pid", "python", "python_version")}
+            self._info = {k: event.get(k) for k in ("torch", "pid", "python", "python_version")}
             self._ready.set()
             return
         if kind == "preload_unsafe":  # the worker exits next: the next call starts a fresh one
@@ -664,6 +665,7 @@ class WorkerPool:
                 output_truncated=bool(exit_info.get("output_truncated", False)),
                 peak_rss_bytes=int(exit_info.get("peak_rss_bytes", 0)),
                 python=self.python,  # the interpreter chosen, as found on disk (not a resolved link)
+                cpu_threads=data.get("cpu_threads") if isinstance(data.get("cpu_threads"), int) else None,
             )
         if error_path.exists():
             error = json.loads(error_path.read_text())

@@ -4,7 +4,7 @@ server -> worker:  {"op": "run", "job": id, "dir": job_dir, "fn": "pkg.mod:func"
                     "memory_limit_bytes": n, "file_size_limit_bytes": n, "device": "auto"|"cpu"|"cuda"}
                    {"op": "kill", "job": id}
                    {"op": "preload", "modules": [names]}   (imported when no job runs; runner.libraries)
-worker -> server:  {"event": "ready", "pid": n, "torch": "2.13.0", "cuda": bool}
+worker -> server:  {"event": "ready", "pid": n, "torch": "2.13.0"}
                    {"event": "started", "job": id, "pid": n}
                    {"event": "exited", "job": id, "returncode": n|null, "signal": n|null,
                     "killed_for": "memory"|"request"|null, "peak_rss_bytes": n,

@@ -14,7 +14,9 @@ kills a child whose resident plus shared memory (memfd, /dev/shm: `proctree.tree
 passes its limit (the child also gets RLIMIT_AS on CPU, and RLIMIT_FSIZE bounds each file it writes).
 This process and every job child are child subreapers: a job's descendant that starts a new
 session still belongs to the job's tree and dies with it (`torch_skills.runner.proctree`).
-The loop is single-threaded (select), which keeps fork safe.
+The loop is single-threaded (select), which keeps fork safe. Calls that use CUDA do not fork: they
+start a fresh interpreter (`torch_skills.runner.spawned`), since a forked child cannot use a driver
+that anything in this process set up.
 
 It runs niced (WORKER_NICE) and reports ready once torch and the first preload are imported; the
 other preloads are imported while no call is running.
@@ -36,9 +38,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from torch_skills.runner import interpreter, libraries, proctree, protocol
+from torch_skills.runner import interpreter, libraries, proctree, protocol, spawned
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+START_ENV = "TORCH_SKILLS_WORKER_START"  # spawn | fork | auto (default: CUDA calls spawn, the rest fork)
 
 
 @dataclass
@@ -53,10 +56,10 @@ class _Job:
 
 
 class Zygote:
-    def __init__(self, out_fd: int, cuda_available: bool, pending_preloads: list[str] | None = None):
+    def __init__(self, out_fd: int, pending_preloads: list[str] | None = None):
         self.out_fd = out_fd
-        self.cuda_available = cuda_available
         self.pending_preloads = list(pending_preloads or ())  # imported while no call is running
+        self._gpu_present: bool | None = None  # asked on the first 'auto' call, not at start
         self.jobs: dict[str, _Job] = {}
         self.by_pid: dict[int, _Job] = {}
         self._stdin_buf = b""
@@ -85,19 +88,40 @@ class Zygote:
     def start(self, message: dict) -> None:
         from torch_skills.runner import child
 
-        device = message.get("device", "auto")
-        resolved = "cuda" if device == "cuda" or (device == "auto" and self.cuda_available) else "cpu"
         read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: never returns
-            os.close(read_fd)
-            child.run_child(message, write_fd, resolved, self.out_fd)
+        if self.fresh_interpreter_for(str(message.get("device", "auto"))):
+            os.set_inheritable(write_fd, True)
+            argv = spawned.command(message, write_fd)
+            pid = os.posix_spawn(argv[0], argv, dict(os.environ))
+        else:
+            pid = os.fork()
+            if pid == 0:  # child: never returns
+                os.close(read_fd)
+                child.run_child(message, write_fd, self.out_fd)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         job = _Job(message["job"], pid, read_fd, int(message.get("memory_limit_bytes", 0)))
         self.jobs[job.job_id] = job
         self.by_pid[pid] = job
         self.send({"event": "started", "job": job.job_id, "pid": pid})
+
+    def fresh_interpreter_for(self, requested_device: str) -> bool:
+        """Whether a call runs in a fresh interpreter (CUDA calls) rather than a fork of this process.
+
+        TORCH_SKILLS_WORKER_START=spawn or =fork overrides the choice for every call.
+        """
+        forced = os.environ.get(START_ENV, "auto")
+        if forced in ("spawn", "fork"):
+            return forced == "spawn"
+        if requested_device == "cuda":
+            return True
+        if requested_device != "auto":
+            return False
+        if self._gpu_present is None:
+            torch = sys.modules.get("torch")
+            # Asked through NVML (PYTORCH_NVML_BASED_CUDA_CHECK): harmless here, since CUDA calls never fork.
+            self._gpu_present = bool(torch is not None and torch.cuda.is_available())
+        return self._gpu_present
 
     # -- children -------------------------------------------------------------------------------
     def _kill_group(self, pid: int) -> None:
@@ -335,13 +359,12 @@ class _TorchlessZygote(Zygote):
 
 def _serve_without_torch(out_fd: int) -> None:
     """The worker of a server installed without torch: static checks only (see TORCHLESS_FUNCTIONS)."""
-    zygote = _TorchlessZygote(out_fd, False)
+    zygote = _TorchlessZygote(out_fd)
     zygote.send(
         {
             "event": "ready",
             "pid": os.getpid(),
             "torch": "",
-            "cuda": False,
             "python": sys.executable,
             "python_version": platform.python_version(),
         }
@@ -360,7 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     proctree.become_subreaper()  # a job's escaped descendants land here when the job ends
     sys.dont_write_bytecode = True  # never leave __pycache__ in the user's project
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # ...nor from the processes the user's code starts
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # lets is_available() skip CUDA init
+    os.environ.setdefault(
+        "PYTORCH_NVML_BASED_CUDA_CHECK", "1"
+    )  # a child's is_available() leaves CUDA to its own use
 
     problem = environment_problem()
     if problem is not None and "--without-torch" in argv and _torch_missing():
@@ -384,14 +409,14 @@ def main(argv: list[str] | None = None) -> None:
     # module is preloaded imports it itself.
     if preload:
         _preload(preload.pop(0))
-    cuda = bool(torch.cuda.is_available())
-    zygote = Zygote(out_fd, cuda, pending_preloads=preload)
+    # No torch.cuda call at start: the server's handshake waits for "ready". CUDA calls never fork
+    # (fresh_interpreter_for): a driver set up in this process is unusable in the children it forks.
+    zygote = Zygote(out_fd, pending_preloads=preload)
     zygote.send(
         {
             "event": "ready",
             "pid": os.getpid(),
             "torch": torch.__version__,
-            "cuda": cuda,
             "python": sys.executable,
             "python_version": platform.python_version(),
         }

@@ -12,8 +12,9 @@ How it decides (deterministic; the phrase scores are the only ranking):
 0. Read: drop the "Not evidence" lines (a `collect_env` dump, issue-template headings, a drawn
    `nvidia-smi` table); apply "Words users use"; stem. Score each skill: the idf-weighted share
    of each of its phrases found in the post (from 50%), best phrases first with diminishing
-   weight, plus its single terms. A *symptom* is a symptom, error or example phrase found (80%)
-   through a word that is not a topic term (keywords, setup and topic words).
+   weight, plus its single terms; a line that opens with one skill's error message word for
+   word counts for that skill only. A *symptom* is a symptom, error or example phrase found
+   (80%) through a word that is not a topic term (keywords, setup and topic words).
 1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a Keras
    progress bar, `ttnn`, an import line), when an "Out of scope" topic's signs outweigh the
    skills' evidence as its row says (a post that names PyTorch keeps the `unless` topics; one
@@ -24,10 +25,11 @@ How it decides (deterministic; the phrase scores are the only ranking):
    evidence, or its evidence is one term ("checkpoint", "pretrained") or single words with no
    phrase, or it says a vague phrasing, a help word or a setup list while none of its questions
    names anything routable.
-3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" or
-   "Common routing mistakes" row fires (its terms outside file paths and other skills' pasted
+3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
+   fires (its terms, each term's words together, outside file paths and other skills' pasted
    messages; its first skill with its own evidence; the most specific row, then the one whose
-   first skill scores highest); then the skills scoring FOLLOW_RATIO of the top, three at most.
+   first skill scores highest; "Common routing mistakes" is advice for agents, not a rule);
+   then the skills scoring FOLLOW_RATIO of the top, three at most.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
@@ -82,6 +84,9 @@ RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the
 # in passing does not decline a real PyTorch problem.
 OUTWEIGHS = {"unless": 0.0, "outweighs": 0.2, "always": 0.4, "on sight": 0.0}
 SIGN_GAP = 2  # words of a multi-word sign may have this many other terms between them
+MESSAGE_LEAD = (
+    3  # a line is a pasted message's when the message starts within its first terms ("RuntimeError:")
+)
 # A symptomless post that asks for help or lists its setup is vague unless one of its questions
 # names something routable on its own.
 QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names something routable
@@ -207,7 +212,9 @@ class Router:
         # sharper idf for single terms: zero for a term every skill uses
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
-        self.rules = [(r, self._rule_terms(r)) for r in table.precedence]
+        # only the Precedence table reorders: over every set the mistakes table's one-condition rows
+        # ("training is slow" on "RAM slowly grows") overturned nine right answers and fixed one
+        self.rules = [(r, self._rule_terms(r)) for r in table.precedence if r.source == "precedence"]
         # error messages long enough to recognize when pasted, with their words as rules read them
         self.verbatim = {
             p: set(terms(p.text, self.synonyms, GLUE_WORDS))
@@ -326,17 +333,19 @@ class Router:
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         around: set[str] = set()
+        seen = self._seen_by_skill(query, qset, ordered)
         for phrase in self.phrases:
-            s, coverage = self._phrase_score(phrase, qset, ordered, negated)
+            q_ordered, q_set = seen.get(phrase.skill, (ordered, qset))
+            s, coverage = self._phrase_score(phrase, q_set, q_ordered, negated)
             if s > 0:
                 per_skill[phrase.skill].append((s, phrase.text))
-                hit_terms[phrase.skill].update(t for t in phrase.terms if t in qset and not _NUMBER.match(t))
+                hit_terms[phrase.skill].update(t for t in phrase.terms if t in q_set and not _NUMBER.match(t))
                 if coverage >= SYMPTOM_COVERAGE:
                     whole.add(phrase.skill)
                 if (
                     phrase.kind in SYMPTOM_KINDS
                     and coverage >= SYMPTOM_COVERAGE
-                    and any(t in qset and t not in self.topic_terms for t in phrase.terms)
+                    and any(t in q_set and t not in self.topic_terms for t in phrase.terms)
                 ):
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
@@ -348,13 +357,48 @@ class Router:
             # diminishing returns: the best phrase counts fully, the next ones less and less
             phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
             # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
-            own = {t for t in qset & self.vocab[skill] if not _NUMBER.match(t)}
+            own = {t for t in seen.get(skill, (ordered, qset))[1] & self.vocab[skill] if not _NUMBER.match(t)}
             term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in own)
             hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
         around -= set().union(*pasted.values())
         return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole, around)
+
+    def _seen_by_skill(
+        self, query: str, qset: set[str], ordered: list[str]
+    ) -> dict[str, tuple[list[str], set[str]]]:
+        """The query's terms as each skill may read them, for the skills that may not read it whole:
+        a line that opens with another skill's error message word for word is that message's (the words
+        of a pasted DDP error that names `checkpoint` and "reentrant backward" are not custom-autograd
+        evidence); a message quoted inside a sentence leaves the sentence to every skill. Skills whose
+        view is the whole query are left out."""
+        if not any(set(p.terms) <= qset for p in self.verbatim):
+            return {}
+        lines = [terms(line, self.synonyms) for line in query.splitlines()]
+        words = [
+            _unnumbered(line) for line in lines
+        ]  # a message's values ('[64, 3, 7, 7]') are not its words
+        holders: list[set[str]] = [set() for _ in lines]
+        for phrase in self.verbatim:
+            if set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
+                needle = tuple(_unnumbered(phrase.terms))
+                for held, line in zip(holders, words, strict=True):
+                    if needle and any(
+                        _sequence_at(needle, line, k) for k in range(min(MESSAGE_LEAD + 1, len(line)))
+                    ):
+                        held.add(phrase.skill)
+        seen = {}
+        for skill in self.table.routes:
+            if any(held and skill not in held for held in holders):
+                kept = [
+                    t
+                    for held, line in zip(holders, lines, strict=True)
+                    if not held or skill in held
+                    for t in line
+                ]
+                seen[skill] = (kept, set(kept))
+        return seen
 
     def _line_terms(self, query: str, phrase: _Phrase) -> set[str]:
         """The loose terms of the lines that hold `phrase` word for word (a pasted message's line)."""
@@ -366,10 +410,12 @@ class Router:
                 found |= set(terms(line, self.synonyms, GLUE_WORDS))
         return found
 
-    def _fired_rule(self, qset: set[str], found: _Evidence) -> PrecedenceRule | None:
+    def _fired_rule(self, ordered: list[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
         of its own: a share of the top score, and a symptom, error or example phrase (a keyword such
-        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough)."""
+        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough). A term of
+        several words is mentioned when they stand together ("scale underflows", not "scaler ...
+        prevent underflow")."""
         scores = found.scores
         top = max(scores.values(), default=0.0)
         best: tuple[tuple[float, ...], PrecedenceRule] | None = None
@@ -381,14 +427,16 @@ class Router:
             # about); the other words on a pasted message's line are the message's too
             own_skills = {rule.first, *rule.then}
             pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
-            terms_here = qset - pasted - found.around_pasted
-            if not any(set(t) <= terms_here for t in first_terms):
+            here = _Positions([t for t in ordered if t not in pasted and t not in found.around_pasted])
+            if not any(here.near(t, forms=False) for t in first_terms):
                 continue
-            if second_terms and not any(set(t) <= terms_here for t in second_terms):
+            if second_terms and not any(here.near(t, forms=False) for t in second_terms):
                 continue
             if not second_terms:
                 # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
-                own = {w for t in first_terms if set(t) <= terms_here for w in t}  # the words that fired it
+                own = {
+                    w for t in first_terms if here.near(t, forms=False) for w in t
+                }  # the words that fired it
                 if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
                     continue
             specificity = 1 if second_terms else 0
@@ -597,7 +645,7 @@ class Router:
             )
 
         # 3. route: the highest phrase score first, unless a precedence rule says where the cause is
-        rule = self._fired_rule(set(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS)), found)
+        rule = self._fired_rule(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS), found)
         order = [rule.first, *[s for s in rule.then if s != rule.first]] if rule is not None else []
         for skill in ranked:
             if skill not in order and (not order or scores[skill] >= FOLLOW_RATIO * top) and len(order) < 3:
@@ -730,11 +778,15 @@ def _is_question(sentence: str) -> bool:
     return sentence.endswith("?") or first in _ASKING
 
 
+# a Markdown emphasis underscore around a word (`_tf.stop_gradient(x)_`), not one inside a name
+_EMPHASIS = re.compile(r"(?<!\w)_(?=[a-z])|(?<=[a-z0-9)])_(?!\w)")
+
+
 def _words(text: str) -> list[str]:
     """Words for out-of-scope and PyTorch signs: lower-cased first (no CamelCase split), no stemming,
     glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
     out = []
-    for tok in tokens(text.lower()):
+    for tok in tokens(_EMPHASIS.sub(" ", text.lower())):
         out.append(tok)
         if _NUMBER.match(tok):
             continue  # a version ('12.4') is one word: split, it would push a sign's words apart
@@ -773,17 +825,17 @@ class _Positions:
         for i, w in enumerate(words):
             self._at.setdefault(w, []).append(i)
 
-    def of(self, word: str) -> list[int]:
-        return sorted(i for form in _forms(word) for i in self._at.get(form, ()))
+    def of(self, word: str, forms: bool = True) -> list[int]:
+        return sorted(i for form in (_forms(word) if forms else (word,)) for i in self._at.get(form, ()))
 
-    def has(self, word: str) -> bool:
-        return any(form in self._at for form in _forms(word))
+    def has(self, word: str, forms: bool = True) -> bool:
+        return any(form in self._at for form in (_forms(word) if forms else (word,)))
 
-    def near(self, needle: tuple[str, ...], gap: int = SIGN_GAP) -> bool:
-        if not needle or not all(self.has(t) for t in needle):
+    def near(self, needle: tuple[str, ...], gap: int = SIGN_GAP, forms: bool = True) -> bool:
+        if not needle or not all(self.has(t, forms) for t in needle):
             return False
-        following = [self.of(t) for t in needle[1:]]
-        for pos in self.of(needle[0]):
+        following = [self.of(t, forms) for t in needle[1:]]
+        for pos in self.of(needle[0], forms):
             for places in following:
                 pos = next((j for j in places if pos < j <= pos + 1 + gap), -1)
                 if pos < 0:
@@ -793,7 +845,24 @@ class _Positions:
         return False
 
 
-def _in_order(needle: tuple[str, ...], haystack: list[str]) -> bool:
-    """Whether needle's terms appear in haystack in the same order (not necessarily adjacent)."""
-    it = iter(haystack)
-    return all(any(h == t for h in it) for t in needle)
+def _sequence_at(needle: tuple[str, ...], haystack: list[str], start: int, gap: int = SIGN_GAP) -> bool:
+    """Whether needle's terms stand in haystack from `start` on, each at most `gap` terms after the last."""
+    if haystack[start] != needle[0]:
+        return False
+    pos = start
+    for t in needle[1:]:
+        pos = next((j for j in range(pos + 1, min(pos + 2 + gap, len(haystack))) if haystack[j] == t), -1)
+        if pos < 0:
+            return False
+    return True
+
+
+def _in_order(needle: tuple[str, ...], haystack: list[str], gap: int = SIGN_GAP) -> bool:
+    """Whether needle's terms appear in haystack in the same order, each at most `gap` other terms
+    after the previous one: a message pasted word for word, not its words spread over a long log.
+    Numbers are left out on both sides: they are the values a message was filled with."""
+    return _Positions(_unnumbered(haystack)).near(tuple(_unnumbered(needle)), gap=gap, forms=False)
+
+
+def _unnumbered(items: tuple[str, ...] | list[str]) -> list[str]:
+    return [t for t in items if not _NUMBER.match(t)]

@@ -18,7 +18,8 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   comma-separated terms; `-` in "together with" means no second condition; "then" lists further
   skills (comma-separated, may be `-`).
 - `## Common routing mistakes` is a table `| Symptom | Tempting first stop | Right first stop | Why |`;
-  each row is a rule: symptom terms -> right first stop (the tempting one is not read).
+  each row is parsed as a rule (symptom terms -> right first stop; the tempting one is not read)
+  so that its skill names are validated, but `route.Router` reorders only by `## Precedence`.
 - `## Ask one question first` is a table `| The post says only | Ask |`: vague phrasings and the
   one clarifying question to ask for them (route() asks it when a post says one of them and
   names no symptom, however much detail it carries), a `**Help words:** a, b` line (words of a
