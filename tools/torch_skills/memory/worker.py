@@ -44,7 +44,6 @@ from torch_skills.memory.trace import (
     StepSpec,
     Trace,
     fake_mode,
-    leading_dim,
     trace_step,
 )
 from torch_skills.results import BatchRule
@@ -202,17 +201,6 @@ class _Tracer:
             return False
         return "batch_size" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    def own_batch_size(self) -> int | None:
-        """The batch size the inputs function returns when called without one (its leading dimension).
-
-        Built on fake tensors, so a large default batch is not allocated; None when that fails."""
-        try:
-            with fake_mode(), _quiet_fake_tensor_log():
-                batch = make_batch(self.request, self.job.cwd, self.job.allowed_roots, None, batch_size=None)
-                return leading_dim(batch)
-        except Exception:  # the real runs say what is wrong with the inputs function
-            return None
-
     def trace(
         self, batch_size: int | None, *, fake: bool = True, device: torch.device | None = None
     ) -> Trace:
@@ -262,28 +250,48 @@ def _real_trace(tracer: _Tracer, size: int | None, asked: int | None) -> Trace:
 
 
 def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool, failure: str | None):
-    """Real runs (no fake tensors) at small batch sizes, extrapolated linearly to `batch`."""
+    """Real runs (no fake tensors): the batch asked for when small, else batches 2 and 3 extrapolated to it.
+
+    With no batch size asked for, the estimate is for the batch the inputs function returns by itself,
+    so that one real step is measured as it is (a line through other batches would report another batch,
+    and a graph's node count or a sequence length need not scale linearly)."""
     _check_room_for_real_runs(tracer, failure)
-    # with no batch size asked for, the estimate is for the batch the inputs function returns by itself
-    own = batch if batch is not None else tracer.own_batch_size()
-    if not variable or own is None or own <= FALLBACK_BATCHES[-1]:
+    if batch is None or not variable or batch <= FALLBACK_BATCHES[-1]:
         trace = tracer.trace(batch, fake=False)
         est = estimate_trace(trace, target)
         detail = f"one real step at batch size {trace.batch_size} on {tracer.device}, measured with the storage ledger"
-        return trace, est, "measured", detail, lambda b: est
+        return (
+            trace,
+            est,
+            "measured",
+            detail,
+            _line_runner(tracer, target, batch) if variable else lambda b: est,
+        )
     small, large = (_real_trace(tracer, b, batch) for b in FALLBACK_BATCHES)
     e_small, e_large = estimate_trace(small, target), estimate_trace(large, target)
-    want = own
-    est = extrapolate(e_small, e_large, want, target.capacity_bytes)
+    est = extrapolate(e_small, e_large, batch, target.capacity_bytes)
     detail = (
         f"real steps at batch sizes {FALLBACK_BATCHES[0]} and {FALLBACK_BATCHES[1]} on {tracer.device}, measured with the "
-        f"storage ledger, extrapolated linearly to batch size {want}"
+        f"storage ledger, extrapolated linearly to batch size {batch}"
     )
 
     def runner(b: int) -> Estimate:
         return extrapolate(e_small, e_large, b, target.capacity_bytes)
 
     return large, est, "extrapolated", detail, runner
+
+
+def _line_runner(tracer: _Tracer, target: Target, asked: int | None):
+    """For the batch-size search after a measured step: the line through real steps at FALLBACK_BATCHES,
+    run only when the search asks for a batch."""
+    line: list[Estimate] = []
+
+    def runner(b: int) -> Estimate:
+        if not line:
+            line.extend(estimate_trace(_real_trace(tracer, s, asked), target) for s in FALLBACK_BATCHES)
+        return extrapolate(line[0], line[1], b, target.capacity_bytes)
+
+    return runner
 
 
 def _activations_dominate(request: EstimateMemoryRequest, est: Estimate) -> bool:
