@@ -105,9 +105,8 @@ class ActivationSaver(BaseModel):
 
 
 class CheckpointOption(BaseModel):
-    block_class: str = Field(description="module class whose forward is recomputed in backward")
-    peak_allocated_bytes: int = Field(description="the estimated peak with that class checkpointed")
-    peak_change: float = Field(description="relative change of the peak, e.g. -0.3 for 30% lower")
+    block_class: str
+    peak_allocated_bytes: int = Field(description="the peak with block_class checkpointed")
 
 
 class TracedBatch(BaseModel):
@@ -168,15 +167,10 @@ class EstimateMemoryResult(BaseModel):
         description="cuBLAS workspaces counted in allocated memory (CUDA target)"
     )
     checkpointing_options: list[CheckpointOption] = Field(
-        default_factory=list,
-        description="when activations dominate a training step: the repeated block classes to checkpoint, each "
-        "estimated with activation_checkpointing=[class], lowest peak first",
+        default_factory=list, description="block classes to checkpoint, each estimated; lowest peak first"
     )
     kernel_scratch_bytes: int = Field(
-        default=0,
-        description="of peak_allocated_bytes, the kernel scratch alive at the peak: buffers a kernel allocates "
-        "and frees inside one call (convolution/RNN scratch measured by running the kernel for real; on a CUDA "
-        "target also cuDNN, attention and reduction workspaces); included in breakdown.temporaries",
+        default=0, description="kernel scratch (conv/RNN/cuDNN workspaces) in the peak, within temporaries"
     )
 
     device_memory_bytes: int | None = None

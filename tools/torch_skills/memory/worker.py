@@ -317,10 +317,7 @@ def _checkpoint_options(
             peak = estimate_trace(other.trace(batch, fake=fake), target).peak_allocated
         except UserCodeError:
             continue
-        change = (peak - est.peak_allocated) / max(1, est.peak_allocated)
-        options.append(
-            CheckpointOption(block_class=cls, peak_allocated_bytes=peak, peak_change=round(change, 4))
-        )
+        options.append(CheckpointOption(block_class=cls, peak_allocated_bytes=peak))
     return sorted(options, key=lambda o: o.peak_allocated_bytes)
 
 
