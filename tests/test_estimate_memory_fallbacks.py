@@ -130,3 +130,16 @@ def test_a_convolution_over_the_probe_size_limit_gets_its_scratch_from_batches_2
     scaled = small.measure(aten.convolution.default, args, {})
     assert full.scratch_bytes > 0 and small.scaled == 1 and small.skipped == 0
     assert scaled.scratch_bytes == pytest.approx(full.scratch_bytes, rel=0.02)
+
+
+def test_cpu_flash_attention_scratch_is_in_the_traced_peak(job):
+    """The CPU flash-attention kernel's per-thread blocks are probed: the traced peak matches the allocator's."""
+    result = run(
+        job,
+        model=f"{MODELS}:build_self_attention",
+        inputs=f"{MODELS}:attention_inputs",
+        mode="inference",
+    )
+    assert result.method == "traced" and result.kernel_scratch_bytes > 0
+    real = truth(fx.build_self_attention, fx.attention_inputs, 2, "inference")
+    assert result.peak_allocated_bytes == pytest.approx(real, rel=0.005)

@@ -273,7 +273,7 @@ def memory_findings(f: Facts) -> list[Finding]:
                 severity="info",
                 code="kernel_scratch_not_measured",
                 message=(
-                    f"{f.kernels_not_probed} convolution/RNN kernels were not run for real (over the probes' size "
+                    f"{f.kernels_not_probed} convolution/RNN/attention kernels were not run for real (over the probes' size "
                     "or time budget, or they fail on zeros), so their scratch memory is missing from the estimate."
                 ),
                 skill="tensor-operations-and-memory",

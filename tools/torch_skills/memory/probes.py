@@ -54,6 +54,10 @@ SCRATCH_OPS = {
     aten.mkldnn_rnn_layer_backward.default,
     aten._cudnn_rnn.default,
     aten._cudnn_rnn_backward.default,
+    # the CPU flash-attention kernels allocate per-thread blocks of scores and running sums (427 kB at
+    # batch 2 for a 256-token bf16 head of 64: a diffusers VAE's mid-block attention peak, -5.7% without)
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     # CUDA attention backward kernels take a workspace (9-49 MiB measured on an H100); a trace on
     # CPU never calls them. cuDNN's is sized from shapes instead (torch_skills.memory.cudakernels).
     aten._scaled_dot_product_efficient_attention_backward.default,

@@ -503,7 +503,7 @@ def _assumptions(
         out.append("two micro-batches traced: later ones repeat the second's memory")
     if trace.kernels_probed:
         out.append(
-            f"{trace.kernels_probed} convolution/RNN kernel signatures were run once for real to measure scratch and workspace"
+            f"{trace.kernels_probed} convolution/RNN/attention kernel signatures were run once for real to measure scratch and workspace"
         )
     if trace.kernels_scaled:
         out.append(
