@@ -91,7 +91,7 @@ def test_the_batch_search_returns_a_size_that_fits_with_the_next_one_failing():
 
 
 def test_data_dependent_forward_falls_back_to_extrapolating_real_runs(job):
-    """A forward calling .item() cannot be traced: real runs at batch 1 and 2 are extrapolated to 64, within 3% of a real run."""
+    """A forward calling .item() cannot be traced: real runs at batch 2 and 3 are extrapolated to 64, within 3% of a real run."""
     result = run(
         job,
         model=f"{MODELS}:build_data_dependent",

@@ -42,13 +42,13 @@ async def test_a_lazy_module_that_fails_its_first_forward_is_the_users_error_not
 
 
 async def test_an_estimate_shape_error_says_the_batch_that_ran_and_carries_no_fake_tensor_log(client: Client):
-    """The fallback's real step at batch 1 is named as such, and torch's fake-tensor log stays out."""
+    """The fallback's first real step (batch 2) is named as such, and torch's fake-tensor log stays out."""
     r = await client.call_tool(
         "estimate_memory", {"model": f"{MODELS}:mismatched_linears", "input_shape": [8, 16]}
     )
     assert r.is_error
     text = r.content[0].text
-    assert "at batch size 1" in text and "tracing at batch size 8" in text
+    assert "at batch size 2" in text and "tracing at batch size 8" in text
     assert "fake_tensor.py" not in text and "failed while attempting to run meta" not in text
 
 

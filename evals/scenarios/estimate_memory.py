@@ -90,7 +90,7 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         id="data-dependent-forward-is-extrapolated",
         tool="estimate_memory",
-        description="A forward that calls .item() cannot be traced: real runs at batch 1 and 2 are extrapolated.",
+        description="A forward that calls .item() cannot be traced: real runs at batch 2 and 3 are extrapolated.",
         arguments={"model": f"{M}:reads_back", "input_shape": [64, 256], "target_device": "cpu"},
         expect=[
             Expect("method", "eq", "extrapolated"),

@@ -16,5 +16,5 @@ Known limitations (each module states its own in detail):
 - Storage resizes outside aten ops (`UntypedStorage.resize_`) and sparse or wrapper-subclass
   tensors (DTensor) are not followed.
 - Data-dependent control flow defeats tracing; the fallback then measures real runs at batch
-  sizes 1 and 2 and extrapolates linearly, which needs the model to fit in this machine's RAM.
+  sizes 2 and 3 and extrapolates linearly, which needs the model to fit in this machine's RAM.
 """

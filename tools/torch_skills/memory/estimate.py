@@ -57,6 +57,7 @@ class Estimate:
     activation_bytes: int
     workspace_bytes: int
     fits: bool | None
+    scratch_bytes: int = 0  # of peak_allocated, kernel scratch measured by probes (not tensor storage)
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -122,6 +123,7 @@ def estimate_trace(trace: Trace, target: Target) -> Estimate:
         activation_bytes=replay.activation_bytes,
         workspace_bytes=workspace,
         fits=fits,
+        scratch_bytes=replay.peak.scratch,
         assumptions=assumptions,
     )
 
@@ -147,6 +149,7 @@ def extrapolate(small: Estimate, large: Estimate, batch_size: int, capacity_byte
             k: line(small.saved_by_module.get(k, 0), v) for k, v in large.saved_by_module.items()
         },
         activation_bytes=line(small.activation_bytes, large.activation_bytes),
+        scratch_bytes=line(small.scratch_bytes, large.scratch_bytes),
     )
     if capacity_bytes is not None:
         est.fits = est.device_bytes <= capacity_bytes

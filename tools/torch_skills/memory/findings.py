@@ -8,7 +8,7 @@ Thresholds are stated next to each rule; every finding names one specialist skil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch_skills.memory.models import EstimateMemoryRequest, MemoryBreakdown
 from torch_skills.results import Finding, format_bytes
@@ -37,21 +37,60 @@ class Facts:
     checkpoint_candidate: str | None  # class of the repeated block to checkpoint
     grad_accum_extra: int  # bytes the extra micro-batch adds to the peak (gradients alive in forward)
     kernels_not_probed: int
+    # (block class, the peak with it checkpointed), lowest peak first
+    checkpoint_options: list[tuple[str, int]] = field(default_factory=list)
 
 
-def _trace_advice(failure: str) -> str:
-    """What to change so the next estimate is traced, by where tracing failed."""
+def _trace_advice(failure: str, method: str) -> str:
+    """Whose the failure is and what, if anything, to change, by where and how tracing failed.
+
+    Only called once the real runs succeeded: an error that is not a value read then exists only
+    under fake tensors (a fake kernel that rejects what the real one runs), which is the tool's
+    limit, not the user's bug."""
+    in_library = "site-packages" in failure or "dist-packages" in failure
     if failure.startswith("the model factory"):
         return (
             "A constructor that reads values of a large tensor cannot be traced; compute such values with "
             "Python numbers (or a small torch.linspace/arange) to get a traced estimate."
         )
     if "reads a tensor's value" in failure or "output shape depends" in failure:
+        if in_library:
+            return (
+                "That line is in an installed library, not in your code, so there is nothing for you to change: "
+                "the real runs stand in for the trace. A branch drawn at random in forward (LayerDrop, stochastic "
+                "depth) makes each real step a little different."
+            )
         return (
             "Values read in forward (.item(), .tolist(), branching on a tensor) cannot be traced; move them out "
             "of forward to get a traced estimate."
         )
-    return "Fix the error above to get a traced estimate."
+    same_batch = method == "measured"
+    return (
+        "The real step"
+        + (" at the same batch size" if same_batch else "s at small batch sizes")
+        + " ran without this error, so it exists only under fake tensors: a limit of the tool's tracing (torch's "
+        "fake version of an op rejects what the real kernel runs), not a bug in your code"
+        + (
+            ". Nothing to fix."
+            if same_batch
+            else "; unless the error names shapes that only your requested batch size produces, nothing to fix."
+        )
+    )
+
+
+def _checkpoint_advice(options: list[tuple[str, int]], peak: int) -> str:
+    """Each estimated checkpointing choice with the peak it gives, the lowest first."""
+    choices = "; ".join(
+        f"activation_checkpointing=['{cls}'] gives a peak of {format_bytes(p)} ({(p - peak) / max(1, peak):+.0%})"
+        for cls, p in options
+    )
+    best, best_peak = options[0]
+    if best_peak >= peak:
+        return (
+            f"checkpointing the repeated blocks does not lower the peak here ({choices}): the peak is not where "
+            "their activations are alive; lower the batch size / sequence length instead"
+        )
+    return f"wrap {best} in activation checkpointing (estimated: {choices})"
 
 
 def memory_findings(f: Facts) -> list[Finding]:
@@ -62,13 +101,15 @@ def memory_findings(f: Facts) -> list[Finding]:
     training = r.mode == "train"
 
     if f.method != "traced":
+        advice = _trace_advice(f.trace_failure or "", f.method)
         out.append(
             Finding(
-                severity="warning",
+                # the user's code to change: a warning; the tool's limit or a library's line: for information
+                severity="info" if "nothing" in advice.lower() else "warning",
                 code="trace_failed_extrapolated",
                 message=(
                     f"Tracing on fake tensors failed: {f.trace_failure}. The figures come from real runs on "
-                    f"{f.traced_on} ({f.method}). {_trace_advice(f.trace_failure or '')}"
+                    f"{f.traced_on} ({f.method}). {advice}"
                 ),
                 skill="debugging-techniques",
             )
@@ -99,6 +140,8 @@ def memory_findings(f: Facts) -> list[Finding]:
         target = f.checkpoint_candidate or (f.top_saver[1] if f.top_saver and not root_saves else None)
         if r.checkpoint_classes:
             advice = "they stay large with checkpointing on: checkpoint more, or lower the batch size / sequence length"
+        elif f.checkpoint_options:
+            advice = _checkpoint_advice(f.checkpoint_options, f.peak_allocated)
         elif target and not root_saves:
             advice = f"wrap {target} in activation checkpointing (activation_checkpointing=['{target}'] to estimate it)"
         else:
@@ -230,8 +273,8 @@ def memory_findings(f: Facts) -> list[Finding]:
                 severity="info",
                 code="kernel_scratch_not_measured",
                 message=(
-                    f"{f.kernels_not_probed} convolution/RNN kernels were too large to run for real, so their scratch "
-                    "memory is missing from the estimate."
+                    f"{f.kernels_not_probed} convolution/RNN/attention kernels were not run for real (over the probes' size "
+                    "or time budget, or they fail on zeros), so their scratch memory is missing from the estimate."
                 ),
                 skill="tensor-operations-and-memory",
             )

@@ -20,10 +20,11 @@ replayed (`torch_skills.memory.timeline`).
 
 Known limitations: `UntypedStorage.resize_` (FSDP's trick for freeing parameter memory) is not
 an aten op and is not seen; memory a kernel allocates for itself inside one op is invisible,
-except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`)
-and the CUDA kernels a `CudaKernelModel` sizes from shapes (`torch_skills.memory.cudakernels`)
-or, on a real CUDA step, a `CudaScratchMeter` measures around every op,
-whose scratch is recorded as temporaries alive during the op; sparse and wrapper-subclass
+except for the kernels a `KernelProbe` measures (convolutions and RNNs, `torch_skills.memory.probes`:
+on fake tensors from a probe run, on real CPU tensors from the op's own run), the CUDA kernels a
+`CudaKernelModel` sizes from shapes (`torch_skills.memory.cudakernels`) and, on a real CUDA step,
+the workspace a `CudaScratchMeter` measures around every op; all are recorded as temporaries
+alive during the op (`StorageRecord.scratch`); sparse and wrapper-subclass
 tensors are skipped.
 """
 
@@ -62,6 +63,7 @@ class StorageRecord:
     phase: str
     module: str
     saved_by: str | None = None  # module (fqn) that packed it for backward, when it is an activation
+    scratch: bool = False  # a kernel's own scratch, measured by a KernelProbe (not a tensor storage)
 
     def promote(self, kind: str) -> None:
         if KIND_RANK[kind] < KIND_RANK[self.kind]:
@@ -140,13 +142,16 @@ class StorageLedger(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.meter is not None:
             self.meter.start()
-        out = func(*args, **kwargs)
-        measured = self.meter.stop() if self.meter is not None else 0
         found = None
-        if self.probe is not None and self.probe.wants(func) and _is_fake(out):
-            found = self.probe.measure(func, args, kwargs)
-            if found is not None:
-                out = _with_true_sizes(out, found.output_numels)
+        if self.probe is not None and self.probe.measures_calls(func) and not _is_fake((args, kwargs)):
+            out, found = self.probe.call(func, args, kwargs)  # a real step: measure the kernel's own run
+        else:
+            out = func(*args, **kwargs)
+            if self.probe is not None and self.probe.wants(func) and _is_fake(out):
+                found = self.probe.measure(func, args, kwargs)
+                if found is not None:
+                    out = _with_true_sizes(out, found.output_numels)
+        measured = self.meter.stop() if self.meter is not None else 0
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf)
@@ -160,6 +165,8 @@ class StorageLedger(TorchDispatchMode):
             scratch += self.kernels.scratch(func, args, kwargs)
         if scratch:
             records = [self._new_record(nbytes, "temporary") for nbytes in scratch]
+            for rec in records:
+                rec.scratch = True
             self.events.extend((ALLOC, rec) for rec in records)
             self._sample(f"{name} (kernel scratch)")
             self.events.extend((FREE, rec) for rec in records)

@@ -104,6 +104,11 @@ class ActivationSaver(BaseModel):
     saved_bytes: int = Field(description="bytes it saved for backward in one forward pass")
 
 
+class CheckpointOption(BaseModel):
+    block_class: str
+    peak_allocated_bytes: int = Field(description="the peak with block_class checkpointed")
+
+
 class TracedBatch(BaseModel):
     batch_size: int
     device_bytes: int = Field(description="reserved + context bytes needed at this batch size")
@@ -160,6 +165,12 @@ class EstimateMemoryResult(BaseModel):
     parameter_bytes: int
     cublas_workspace_bytes: int = Field(
         description="cuBLAS workspaces counted in allocated memory (CUDA target)"
+    )
+    checkpointing_options: list[CheckpointOption] = Field(
+        default_factory=list, description="block classes to checkpoint, each estimated; lowest peak first"
+    )
+    kernel_scratch_bytes: int = Field(
+        default=0, description="kernel scratch (conv/RNN/cuDNN workspaces) in the peak, within temporaries"
     )
 
     device_memory_bytes: int | None = None

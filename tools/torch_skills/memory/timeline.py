@@ -4,6 +4,7 @@ Use:
 
     replay = replay_events(trace.events, cuda=True, capacity_bytes=80 * 2**30)
     replay.peak.total, replay.peak.by_category, replay.peak.phase, replay.peak.module
+    replay.peak.scratch     # the part of the peak that is kernel scratch, not tensor storage
     replay.peak_reserved, replay.peak_tensor_bytes, replay.saved_by_module
 
 Every storage is classified by its final kind (see `torch_skills.memory.ledger`), so a temporary that
@@ -42,6 +43,7 @@ class PeakPoint:
     module: str = ""
     op: str = ""
     op_index: int = -1
+    scratch: int = 0  # of `total`, kernel scratch (StorageRecord.scratch): not tensor storage
 
 
 @dataclass
@@ -60,7 +62,7 @@ def replay_events(events: list, *, cuda: bool, capacity_bytes: int | None = None
     sim = CachingAllocatorModel(capacity_bytes) if cuda else None
     counted: dict[StorageRecord, int] = {}
     totals = dict.fromkeys(CATEGORIES, 0)
-    total = raw = peak_raw = 0
+    total = raw = peak_raw = scratch = 0
     peak = PeakPoint()
     phase_peaks: dict[str, int] = {}
     phase, module, op, op_index = "setup", "", "", -1
@@ -71,7 +73,7 @@ def replay_events(events: list, *, cuda: bool, capacity_bytes: int | None = None
     def sample() -> None:
         nonlocal peak
         if total > peak.total or peak.op_index < 0:
-            peak = PeakPoint(total, dict(totals), phase, module, op, op_index)
+            peak = PeakPoint(total, dict(totals), phase, module, op, op_index, scratch)
         if phase not in ("setup", "end"):
             phase_peaks[phase] = max(phase_peaks.get(phase, 0), total)
 
@@ -81,6 +83,7 @@ def replay_events(events: list, *, cuda: bool, capacity_bytes: int | None = None
             counted[value] = size
             totals[KIND_TO_CATEGORY[value.kind]] += size
             total += size
+            scratch += size if value.scratch else 0
             raw += value.nbytes
             peak_raw = max(peak_raw, raw)
             if phase == "forward" and forward_passes == 1:
@@ -93,6 +96,7 @@ def replay_events(events: list, *, cuda: bool, capacity_bytes: int | None = None
                 sim.free(value)
             totals[KIND_TO_CATEGORY[value.kind]] -= size
             total -= size
+            scratch -= size if value.scratch else 0
             raw -= value.nbytes
         elif tag == OP:
             sample_point: Sample = value

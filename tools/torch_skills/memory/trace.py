@@ -87,6 +87,7 @@ class Trace:
         0  # kernels run for real to measure their scratch / workspace (torch_skills.memory.probes)
     )
     kernels_not_probed: int = 0  # probes skipped for size or time: their scratch is missing
+    kernels_scaled: int = 0  # convolutions probed at batches 2 and 3 (size or time): scratch extrapolated
     kernel_gpu: str | None = None  # the GPU whose CUDA kernel scratch was modelled (cudakernels.GpuSpec)
 
 
@@ -132,8 +133,8 @@ def trace_step(
             _create_optimizer_state(model, optimizer)
 
         scope = ModuleScope(model)
-        probe = KernelProbe(device, scratch=probe_scratch) if fake else None
-        # a real step on the GPU: measure every op's workspace (fake steps use the probe and the model)
+        # fake steps: probe runs; a real CPU step: the kernels' own calls; a real GPU step: every op's workspace
+        probe = KernelProbe(device, scratch=probe_scratch) if fake or device.type != "cuda" else None
         meter = CudaScratchMeter(device) if not fake and device.type == "cuda" and probe_scratch else None
         ledger = StorageLedger(scope, probe, cuda_kernels, meter)
         _adopt_state(ledger, model, batch, optimizer)
@@ -163,6 +164,7 @@ def trace_step(
         checkpointed_modules=checkpointed,
         kernels_probed=probe.probed if probe is not None else 0,
         kernels_not_probed=probe.skipped if probe is not None else 0,
+        kernels_scaled=probe.scaled if probe is not None else 0,
         kernel_gpu=cuda_kernels.gpu.name if cuda_kernels is not None else None,
     )
 

@@ -5,7 +5,7 @@ Use through the MCP server (tool `estimate_memory`), or directly in tests:
     result = run(EstimateMemoryRequest(model="net.py:build", input_shape=[8, 512]), job)
 
 Steps: trace one step on fake tensors (`torch_skills.memory.trace`); if that fails (data-dependent
-control flow, `.item()`), measure real runs at batch sizes 1 and 2 and extrapolate linearly;
+control flow, `.item()`), measure real runs at batch sizes 2 and 3 and extrapolate linearly;
 replay the trace for the target device and parallel layout (`torch_skills.memory.estimate`); search the
 largest batch that fits when `device_memory_gib` is given (`torch_skills.memory.search`); explain
 (`torch_skills.memory.findings`).
@@ -24,12 +24,14 @@ from pathlib import Path
 
 import torch
 
+from torch_skills.memory.blocks import NO_FORWARD, checkpoint_candidates
 from torch_skills.memory.construct import describe_trace_failure, fake_safe_construction
 from torch_skills.memory.cudakernels import CudaKernelModel, GpuSpec
 from torch_skills.memory.estimate import Estimate, Target, estimate_trace, extrapolate
-from torch_skills.memory.findings import Facts, memory_findings, memory_summary
+from torch_skills.memory.findings import DOMINANT_SHARE, Facts, memory_findings, memory_summary
 from torch_skills.memory.models import (
     ActivationSaver,
+    CheckpointOption,
     EstimateMemoryRequest,
     EstimateMemoryResult,
     MemoryBreakdown,
@@ -37,7 +39,13 @@ from torch_skills.memory.models import (
 )
 from torch_skills.memory.overheads import local_gpu_is_hopper
 from torch_skills.memory.search import BatchSearch, max_batch_size
-from torch_skills.memory.trace import CheckpointTargetMissing, StepSpec, Trace, fake_mode, trace_step
+from torch_skills.memory.trace import (
+    CheckpointTargetMissing,
+    StepSpec,
+    Trace,
+    fake_mode,
+    trace_step,
+)
 from torch_skills.results import BatchRule
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.usercode import (
@@ -51,7 +59,9 @@ from torch_skills.runner.usercode import (
 )
 
 TOP_SAVERS = 10
-FALLBACK_BATCHES = (1, 2)
+# Real runs the fallback extrapolates from: not batch 1, where CPU convolutions take another algorithm
+# (a 1-D conv's oneDNN scratch is 13x smaller at batch 1 than the line through batches 2 and 3 gives).
+FALLBACK_BATCHES = (2, 3)
 
 
 def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
@@ -125,9 +135,25 @@ def run(request: EstimateMemoryRequest, job) -> EstimateMemoryResult:
             job.progress(2, 4, "searching the largest batch size that fits")
             search = max_batch_size(runner, est, capacity_bytes=capacity)
 
+    options = []
+    if _activations_dominate(request, est) and method in ("traced", "measured"):
+        job.progress(3, 4, "estimating activation checkpointing on the repeated blocks")
+        options = _checkpoint_options(tracer, trace, est, target, batch, fake=method == "traced")
+
     job.progress(3, 4, "writing the result")
     result = _result(
-        request, trace, est, single, method, detail, failure, device, capacity, search, grad_accum_extra
+        request,
+        trace,
+        est,
+        single,
+        method,
+        detail,
+        failure,
+        device,
+        capacity,
+        search,
+        grad_accum_extra,
+        options,
     )
     result.batch_rule = tracer.rule
     return result
@@ -224,26 +250,75 @@ def _real_trace(tracer: _Tracer, size: int | None, asked: int | None) -> Trace:
 
 
 def _fallback(tracer: _Tracer, target: Target, batch: int | None, variable: bool, failure: str | None):
-    """Real runs (no fake tensors) at small batch sizes, extrapolated linearly to `batch`."""
+    """Real runs (no fake tensors): the batch asked for when small, else batches 2 and 3 extrapolated to it.
+
+    With no batch size asked for, the estimate is for the batch the inputs function returns by itself,
+    so that one real step is measured as it is (a line through other batches would report another batch,
+    and a graph's node count or a sequence length need not scale linearly)."""
     _check_room_for_real_runs(tracer, failure)
-    if not variable or (batch is not None and batch <= FALLBACK_BATCHES[-1]):
+    if batch is None or not variable or batch <= FALLBACK_BATCHES[-1]:
         trace = tracer.trace(batch, fake=False)
         est = estimate_trace(trace, target)
         detail = f"one real step at batch size {trace.batch_size} on {tracer.device}, measured with the storage ledger"
-        return trace, est, "measured", detail, lambda b: est
+        return (
+            trace,
+            est,
+            "measured",
+            detail,
+            _line_runner(tracer, target, batch) if variable else lambda b: est,
+        )
     small, large = (_real_trace(tracer, b, batch) for b in FALLBACK_BATCHES)
     e_small, e_large = estimate_trace(small, target), estimate_trace(large, target)
-    want = batch or e_large.batch_size or FALLBACK_BATCHES[-1]
-    est = extrapolate(e_small, e_large, want, target.capacity_bytes)
+    est = extrapolate(e_small, e_large, batch, target.capacity_bytes)
     detail = (
         f"real steps at batch sizes {FALLBACK_BATCHES[0]} and {FALLBACK_BATCHES[1]} on {tracer.device}, measured with the "
-        f"storage ledger, extrapolated linearly to batch size {want}"
+        f"storage ledger, extrapolated linearly to batch size {batch}"
     )
 
     def runner(b: int) -> Estimate:
         return extrapolate(e_small, e_large, b, target.capacity_bytes)
 
     return large, est, "extrapolated", detail, runner
+
+
+def _line_runner(tracer: _Tracer, target: Target, asked: int | None):
+    """For the batch-size search after a measured step: the line through real steps at FALLBACK_BATCHES,
+    run only when the search asks for a batch."""
+    line: list[Estimate] = []
+
+    def runner(b: int) -> Estimate:
+        if not line:
+            line.extend(estimate_trace(_real_trace(tracer, s, asked), target) for s in FALLBACK_BATCHES)
+        return extrapolate(line[0], line[1], b, target.capacity_bytes)
+
+    return runner
+
+
+def _activations_dominate(request: EstimateMemoryRequest, est: Estimate) -> bool:
+    """The condition of the activations_dominate finding, before checkpointing is asked for."""
+    return (
+        request.mode == "train"
+        and not request.checkpoint_classes
+        and est.breakdown.get("activations", 0) >= DOMINANT_SHARE * max(1, est.peak_allocated)
+    )
+
+
+def _checkpoint_options(
+    tracer: _Tracer, trace: Trace, est: Estimate, target: Target, batch: int | None, *, fake: bool
+) -> list[CheckpointOption]:
+    """Each candidate block class checkpointed in turn, estimated the way the step itself was (lowest peak first).
+
+    A candidate whose checkpointed step fails (a block whose forward checkpoint cannot wrap) is left out."""
+    options = []
+    for cls in checkpoint_candidates(trace.module_types, est.saved_by_module):
+        spec = replace(tracer.spec, checkpoint_classes=(cls,))
+        try:
+            other = _Tracer(tracer.request, tracer.job, spec, tracer.device, tracer.probe_scratch)
+            peak = estimate_trace(other.trace(batch, fake=fake), target).peak_allocated
+        except UserCodeError:
+            continue
+        options.append(CheckpointOption(block_class=cls, peak_allocated_bytes=peak))
+    return sorted(options, key=lambda o: o.peak_allocated_bytes)
 
 
 def _failed_phase(exc: UserCodeError) -> str:
@@ -318,6 +393,7 @@ def _result(
     capacity,
     search,
     grad_extra,
+    options,
 ):
     breakdown = MemoryBreakdown(**est.breakdown)
     savers = sorted(est.saved_by_module.items(), key=lambda kv: -kv[1])[:TOP_SAVERS]
@@ -344,6 +420,7 @@ def _result(
         max_batch_size=search.batch_size,
         top_saver=top_saver,
         checkpoint_candidate=_block_class(trace, top),
+        checkpoint_options=[(o.block_class, o.peak_allocated_bytes) for o in options],
         grad_accum_extra=max(0, grad_extra),
         kernels_not_probed=trace.kernels_not_probed,
     )
@@ -377,6 +454,8 @@ def _result(
         trainable_parameter_count=trace.trainable_param_count,
         parameter_bytes=trace.param_bytes,
         cublas_workspace_bytes=est.workspace_bytes,
+        kernel_scratch_bytes=est.scratch_bytes,
+        checkpointing_options=options,
         device_memory_bytes=capacity,
         fits=est.fits,
         headroom_bytes=(capacity - est.device_bytes) if capacity is not None else None,
@@ -424,7 +503,12 @@ def _assumptions(
         out.append("two micro-batches traced: later ones repeat the second's memory")
     if trace.kernels_probed:
         out.append(
-            f"{trace.kernels_probed} convolution/RNN kernel signatures were run once for real to measure scratch and workspace"
+            f"{trace.kernels_probed} convolution/RNN/attention kernel signatures were run once for real to measure scratch and workspace"
+        )
+    if trace.kernels_scaled:
+        out.append(
+            f"{trace.kernels_scaled} convolution signatures were over the probes' size or time budget: their scratch "
+            "was measured at batch sizes 2 and 3 and extrapolated linearly"
         )
     if trace.kernel_gpu:
         out.append(
@@ -438,10 +522,16 @@ def _block_class(trace: Trace, top: list[ActivationSaver]) -> str | None:
     """The class of the repeated block that contains the top activation saver, if any."""
     if not top or not top[0].type or top[0].module in ("", "(root)"):  # the root module itself: no block
         return None
-    units = [name for name in trace.fsdp_units if name != "(root)"]
+    units = [
+        name
+        for name in trace.fsdp_units
+        if name != "(root)" and trace.module_types.get(name) not in NO_FORWARD  # a ModuleList has no forward
+    ]
     for unit in units:
         if top[0].module == unit or top[0].module.startswith(unit + "."):
             return trace.module_types.get(unit)
+    if top[0].type in NO_FORWARD:
+        return None
     return top[0].type or None
 
 
