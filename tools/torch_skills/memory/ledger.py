@@ -26,6 +26,16 @@ on fake tensors from a probe run, on real CPU tensors from the op's own run), th
 the workspace a `CudaScratchMeter` measures around every op; all are recorded as temporaries
 alive during the op (`StorageRecord.scratch`); sparse and wrapper-subclass
 tensors are skipped.
+
+Gradient accumulation in backward: the autograd engine sums two gradients that flow into the same
+input (a tensor used twice) with `old + new`, and without a dispatch mode it does that in place
+(`old.add_(new)`) when it holds the last reference to `old`. Any TorchDispatchMode, this ledger
+included, makes the engine take the out-of-place path (`isTensorSubclassLike` is true while a mode
+is active), so the step under the ledger holds one more gradient-sized buffer than the real step.
+`watch_backward(loss)` marks, with hooks on the graph's nodes, the stretch between a node's return
+and the next node's start, where the engine sums into its input buffers; an `add` there whose first
+operand dies as soon as it returns is recorded as the in-place sum the real engine does (+4.9% -> 0.0%
+on a small Mamba's selective scan, whose per-step slices of one tensor each send a gradient back).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
@@ -95,6 +106,8 @@ class StorageLedger(TorchDispatchMode):
         self._next_rid = 0
         self._ops = 0
         self.recording = False  # frees after the step ends are not part of it
+        self._summing = False  # between a backward node's return and the next node's start
+        self._in_place_sum: tuple[int, StorageRecord, StorageRecord] | None = None  # see _sum_in_place
 
     def __enter__(self):
         self.recording = True
@@ -130,6 +143,30 @@ class StorageLedger(TorchDispatchMode):
         if saved_by is not None and rec.saved_by is None and rec.kind == "activation":
             rec.saved_by = saved_by
 
+    def watch_backward(self, root: torch.Tensor) -> None:
+        """Hook every node of `root`'s graph so the engine's gradient sums are recorded as in place.
+
+        Call it after the forward pass, before `root.backward()` (see the module docstring).
+        """
+
+        def start(*_):
+            self._summing = False
+
+        def done(*_):
+            self._summing = True
+
+        seen: set[int] = set()
+        stack = [root.grad_fn] if root.grad_fn is not None else []
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            node.register_prehook(start)
+            if node.next_functions:  # AccumulateGrad has none; a post hook would change its stealing rule
+                node.register_hook(done)
+            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+
     def record_of(self, tensor: torch.Tensor) -> StorageRecord | None:
         storage = _storage_of(tensor)
         if storage is None:
@@ -140,6 +177,7 @@ class StorageLedger(TorchDispatchMode):
     # -- TorchDispatchMode --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self._in_place_sum = None  # another op ran: the previous sum's operand outlived it
         if self.meter is not None:
             self.meter.start()
         found = None
@@ -171,7 +209,41 @@ class StorageLedger(TorchDispatchMode):
             self._sample(f"{name} (kernel scratch)")
             self.events.extend((FREE, rec) for rec in records)
         self._sample(name)
+        if self._summing and func is torch.ops.aten.add.Tensor:
+            self._expect_in_place_sum(args, out)
         return out
+
+    def _expect_in_place_sum(self, args, out) -> None:
+        """Remember a gradient sum `old + new` the real engine would do in place (module docstring).
+
+        It qualifies when `old` is a plain dense tensor of the result's shape and dtype, alone on its
+        storage; whether the engine held its last reference shows when it dies before the next op.
+        """
+        old = args[0] if args else None
+        if not isinstance(old, torch.Tensor) or not isinstance(out, torch.Tensor) or len(args) != 2:
+            return
+        if not isinstance(args[1], torch.Tensor) or args[1].layout is not torch.strided:
+            return
+        if old.shape != out.shape or old.dtype != out.dtype or not _dense(old):
+            return
+        old_rec, out_rec = self.record_of(old), self.record_of(out)
+        if old_rec is None or out_rec is None or old_rec is out_rec or old_rec.nbytes != out_rec.nbytes:
+            return
+        for index in range(len(self.events) - 1, -1, -1):
+            if self.events[index] == (ALLOC, out_rec):
+                self._in_place_sum = (index, old_rec, out_rec)
+                return
+
+    def _sum_in_place(self, rec: StorageRecord) -> bool:
+        """`rec` died right after the sum that used it: move the sum's allocation after its death."""
+        pending = self._in_place_sum
+        if pending is None or pending[1] is not rec:
+            return False
+        self._in_place_sum = None
+        index, old_rec, out_rec = pending
+        del self.events[index]
+        self.events.extend([(FREE, old_rec), (ALLOC, out_rec)])
+        return True
 
     def _sample(self, name: str) -> None:
         module = self.scope.current() if self.scope is not None else ""
@@ -209,13 +281,23 @@ class StorageLedger(TorchDispatchMode):
         events, live = self.events, self._live
 
         def died(ref: weakref.ref, rec: StorageRecord = rec) -> None:
-            if self.recording:
+            if self.recording and not self._sum_in_place(rec):
                 events.append((FREE, rec))
             current = live.get(key)
             if current is not None and current[1] is rec:
                 del live[key]
 
         self._live[key] = (weakref.ref(storage, died), rec)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """A strided tensor that fills its storage exactly, in some order of its dimensions."""
+    if t.layout is not torch.strided or is_traceable_wrapper_subclass(t):
+        return False
+    storage = _storage_of(t)
+    if storage is None or storage.nbytes() != t.numel() * t.element_size():
+        return False
+    return is_non_overlapping_and_dense_or_false(t)
 
 
 def _is_fake(out: Any) -> bool:

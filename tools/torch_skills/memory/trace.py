@@ -182,6 +182,7 @@ def _train_step(model, batch, loss_fn, optimizer, spec, ledger, scope, device) -
             output = call_model(model, batch)  # the previous micro-batch's output dies on rebinding
             loss = loss_fn(output, batch)
         ledger.phase("backward")
+        ledger.watch_backward(loss)  # the engine's gradient sums, in place as without the ledger
         loss.backward()
         scope.close_backward()
         for p in model.parameters():
