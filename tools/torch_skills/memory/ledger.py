@@ -123,6 +123,7 @@ class StorageLedger(TorchDispatchMode):
     def phase(self, name: str) -> None:
         """Start a phase ('forward', 'backward', 'optimizer_step'); samples carry its name."""
         self.current_phase = name
+        self._summing = False  # a backward pass has ended (or not begun)
         self.events.append((PHASE, name))
 
     def adopt(self, tensor: torch.Tensor, kind: str) -> StorageRecord | None:
@@ -155,13 +156,13 @@ class StorageLedger(TorchDispatchMode):
         def done(*_):
             self._summing = True
 
-        seen: set[int] = set()
+        seen: dict[int, Any] = {}  # id -> node, kept alive so that no id is reused by another node's wrapper
         stack = [root.grad_fn] if root.grad_fn is not None else []
         while stack:
             node = stack.pop()
             if id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             node.register_prehook(start)
             if node.next_functions:  # AccumulateGrad has none; a post hook would change its stealing rule
                 node.register_hook(done)
@@ -209,7 +210,8 @@ class StorageLedger(TorchDispatchMode):
             self._sample(f"{name} (kernel scratch)")
             self.events.extend((FREE, rec) for rec in records)
         self._sample(name)
-        if self._summing and func is torch.ops.aten.add.Tensor:
+        # with grad mode on (create_graph=True) the engine sums out of place too
+        if self._summing and func is torch.ops.aten.add.Tensor and not torch.is_grad_enabled():
             self._expect_in_place_sum(args, out)
         return out
 
