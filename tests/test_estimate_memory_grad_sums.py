@@ -46,3 +46,33 @@ def test_a_scan_over_slices_of_one_tensor_is_estimated_as_the_real_step_measures
     estimate = estimate_trace(trace, Target(cuda=False)).peak_allocated
     truth = measure_real_step(SliceScan, scan_inputs, mean_loss, spec, batch_size=None).peak_allocated_bytes
     assert estimate == pytest.approx(truth, rel=0.005)
+
+
+class DoubleBack(torch.autograd.Function):
+    """Identity forward; a backward whose own `add` frees its first operand at once (not an engine sum)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2 + grad  # the temporary `grad * 2` dies as the add returns, as for real
+
+
+class OwnBackward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 4096)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, 8)
+        return DoubleBack.apply(self.proj(x))  # (B, T, 4096)
+
+
+def test_an_add_inside_a_node_of_the_backward_stays_out_of_place():
+    """Only the engine's sums between nodes are in place: an add in a node's own backward is counted as it allocates."""
+    spec = StepSpec(mode="train", optimizer="adamw", foreach=False)
+    trace = trace_step(OwnBackward, scan_inputs, mean_loss, spec)
+    estimate = estimate_trace(trace, Target(cuda=False)).peak_allocated
+    truth = measure_real_step(OwnBackward, scan_inputs, mean_loss, spec, batch_size=None).peak_allocated_bytes
+    assert estimate == pytest.approx(truth, rel=0.005)
