@@ -99,3 +99,17 @@ def test_short_steps_are_all_timed_within_the_budget():
     runner = _SleepyRunner(0.001)
     timed = time_steps(runner, warmup=1, active=6, budget_s=10.0)
     assert len(timed.times_s) == 6
+
+
+def test_a_long_warm_up_stops_after_two_steps():
+    """Warm-up steps of 20 ms with a 10 ms warm-up budget: two run, not the five asked for."""
+    runner = _SleepyRunner(0.02)
+    timed = time_steps(runner, warmup=5, active=3, warmup_budget_s=0.01)
+    assert runner.steps == 2 + 3 and len(timed.times_s) == 3
+
+
+def test_a_warm_up_within_its_budget_runs_every_step_asked_for():
+    """Short warm-up steps all run."""
+    runner = _SleepyRunner(0.001)
+    time_steps(runner, warmup=4, active=3, warmup_budget_s=10.0)
+    assert runner.steps == 4 + 3

@@ -48,7 +48,9 @@ class ProfileRequest(ModelInputs):
         description="fp32; bf16/fp16: model and float inputs cast; "
         "*_autocast: torch.autocast around forward and loss (fp16 with a GradScaler)",
     )
-    warmup_steps: int = Field(default=3, ge=1, le=100, description="steps run before timing starts")
+    warmup_steps: int = Field(
+        default=3, ge=1, le=100, description="steps run before timing starts; long steps use fewer (>=2)"
+    )
     active_steps: int = Field(
         default=10,
         ge=3,

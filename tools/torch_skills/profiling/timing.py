@@ -38,15 +38,30 @@ class TimedSteps:
 MIN_TIMED_STEPS = 3  # a median, a spread and an IQR need three
 
 
-def time_steps(runner: StepRunner, *, warmup: int, active: int, budget_s: float | None = None) -> TimedSteps:
+MIN_WARMUP_STEPS = 2  # the first step pays one-time costs; the second runs with the optimizer state made
+
+
+def time_steps(
+    runner: StepRunner,
+    *,
+    warmup: int,
+    active: int,
+    budget_s: float | None = None,
+    warmup_budget_s: float | None = None,
+) -> TimedSteps:
     """Run warmup + active steps; return the active ones' times, loader waits and batch sizes.
 
     With `budget_s`, timing stops early once the timed steps total that many seconds and at least
-    MIN_TIMED_STEPS ran: a step that long has a stable median, and more repeats only cost time."""
+    MIN_TIMED_STEPS ran: a step that long has a stable median, and more repeats only cost time.
+    With `warmup_budget_s`, the warm-up likewise stops after MIN_WARMUP_STEPS once it took that long."""
     sync = synchronizer(runner.device)
-    for _ in range(warmup):
+    started = time.perf_counter()
+    for index in range(warmup):
         runner.checked_step()
-    sync()
+        sync()
+        spent = time.perf_counter() - started
+        if warmup_budget_s is not None and index + 1 >= MIN_WARMUP_STEPS and spent >= warmup_budget_s:
+            break
     times, waits, samples = [], [], []
     for _ in range(active):
         start = time.perf_counter()

@@ -5,8 +5,9 @@ in-process in tests: `run(ProfileRequest(model="net.py:build", input_shape=[32, 
 
 What it does, in order (each stage reports progress):
 1. builds the model, the batches (or the user's loader), the loss, the optimizer, the precision;
-2. times warmup + active steps without the profiler (CUDA synchronized; past TIMING_BUDGET_S of
-   timed steps it stops, after at least 3) -> median, IQR, loader wait, peak memory;
+2. times warmup + active steps without the profiler (CUDA synchronized; long steps run fewer: the
+   warm-up stops past WARMUP_BUDGET_S after 2 steps, the timing past TIMING_BUDGET_S after 3)
+   -> median, IQR, loader wait, peak memory;
 3. measures what this machine attains now: a large matmul in the step's dtype, a large copy, one
    tiny op (calibrate.py);
 4. runs one step under FlopCounterMode and a counting dispatch mode -> FLOPs, bytes moved, op
@@ -58,6 +59,7 @@ from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.threads import run_threads
 
 PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step (the probe's) lets the profiler settle
+WARMUP_BUDGET_S = 2.0  # warm-up stops past this (after 2 steps): the step is warm by then
 TIMING_BUDGET_S = 5.0  # timed steps stop past this (after MIN_TIMED_STEPS): a long step's median is stable
 PROFILE_BUDGET_S = 1.5  # profiled steps past this much step time add little: a long step is stable
 MIN_PROFILED_STEPS = 2  # the work fraction is a median over the profiled steps: keep two
@@ -205,7 +207,11 @@ def _measure(request: ProfileRequest, job) -> _Measured:
     )
     _reset_peak_rss()
     timed = time_steps(
-        runner, warmup=request.warmup_steps, active=request.active_steps, budget_s=TIMING_BUDGET_S
+        runner,
+        warmup=request.warmup_steps,
+        active=request.active_steps,
+        budget_s=TIMING_BUDGET_S,
+        warmup_budget_s=WARMUP_BUDGET_S,
     )
     if on_gpu:
         peak_memory, memory_kind = torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
