@@ -203,7 +203,7 @@ def _measure(request: ProfileRequest, job) -> _Measured:
     runner = build_step(request, job, device)
 
     job.progress(
-        1, STAGES, f"timing {request.warmup_steps}+{request.active_steps} steps without the profiler"
+        1, STAGES, f"timing up to {request.warmup_steps}+{request.active_steps} steps without the profiler"
     )
     _reset_peak_rss()
     timed = time_steps(
