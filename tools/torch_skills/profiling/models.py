@@ -48,8 +48,15 @@ class ProfileRequest(ModelInputs):
         description="fp32; bf16/fp16: model and float inputs cast; "
         "*_autocast: torch.autocast around forward and loss (fp16 with a GradScaler)",
     )
-    warmup_steps: int = Field(default=3, ge=1, le=100, description="steps run before timing starts")
-    active_steps: int = Field(default=10, ge=3, le=200, description="steps timed (and profiled)")
+    warmup_steps: int = Field(
+        default=3, ge=1, le=100, description="steps run before timing starts; long steps use fewer (>=2)"
+    )
+    active_steps: int = Field(
+        default=10,
+        ge=3,
+        le=200,
+        description="steps timed and profiled; long steps use fewer (>=3 timed, >=2 profiled)",
+    )
     compile: bool = Field(
         default=False,
         description="also time torch.compile(model): compile time and speed-up over eager",

@@ -135,7 +135,7 @@ class BatchSource:
                     "bad_request",
                     f"the data loader ran out after {self.batches} batches and, being a one-shot iterator, "
                     "cannot restart; return a DataLoader or a list (re-iterable), or yield more batches "
-                    "(warmup_steps + 2 x active_steps + 2 are used, more with compile=True)",
+                    "(up to warmup_steps + 2 x active_steps + 1 are used, more with compile=True)",
                 )
             self._iterator = None
         raise UserCodeError(

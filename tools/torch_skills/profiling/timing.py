@@ -1,6 +1,6 @@
 """Time steps without the profiler: perf_counter around each step, CUDA synchronized on both sides.
 
-Use `timed = time_steps(runner, warmup=3, active=10)`; `timed.times_s` are the active steps' wall
+Use `timed = time_steps(runner, warmup=3, active=10, budget_s=5.0)`; `timed.times_s` are the active steps' wall
 times, `timed.waits_s` the part of each spent in next(loader), `timed.samples` the batch size of
 each. Warm-up steps run first and are not recorded (first calls allocate, pick kernels, fill caches).
 """
@@ -35,12 +35,33 @@ class TimedSteps:
         return sum(n for n in self.samples if n is not None) / total if total > 0 else None
 
 
-def time_steps(runner: StepRunner, *, warmup: int, active: int) -> TimedSteps:
-    """Run warmup + active steps; return the active ones' times, loader waits and batch sizes."""
+MIN_TIMED_STEPS = 3  # a median, a spread and an IQR need three
+
+
+MIN_WARMUP_STEPS = 2  # the first step pays one-time costs; the second runs with the optimizer state made
+
+
+def time_steps(
+    runner: StepRunner,
+    *,
+    warmup: int,
+    active: int,
+    budget_s: float | None = None,
+    warmup_budget_s: float | None = None,
+) -> TimedSteps:
+    """Run warmup + active steps; return the active ones' times, loader waits and batch sizes.
+
+    With `budget_s`, timing stops early once the timed steps total that many seconds and at least
+    MIN_TIMED_STEPS ran: a step that long has a stable median, and more repeats only cost time.
+    With `warmup_budget_s`, the warm-up likewise stops after MIN_WARMUP_STEPS once it took that long."""
     sync = synchronizer(runner.device)
-    for _ in range(warmup):
+    started = time.perf_counter()
+    for index in range(warmup):
         runner.checked_step()
-    sync()
+        sync()
+        spent = time.perf_counter() - started
+        if warmup_budget_s is not None and index + 1 >= MIN_WARMUP_STEPS and spent >= warmup_budget_s:
+            break
     times, waits, samples = [], [], []
     for _ in range(active):
         start = time.perf_counter()
@@ -49,4 +70,6 @@ def time_steps(runner: StepRunner, *, warmup: int, active: int) -> TimedSteps:
         times.append(time.perf_counter() - start)
         waits.append(waited)
         samples.append(runner.source.last_samples)
+        if budget_s is not None and len(times) >= MIN_TIMED_STEPS and sum(times) >= budget_s:
+            break
     return TimedSteps(times, waits, samples)

@@ -28,6 +28,8 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,19 +393,34 @@ def profiled_pass(
     small_op_s: float,
     top_k: int,
     trace_path: Path | None,
+    warmup_step: Callable[[], object] | None = None,
 ) -> TraceSummary:
-    """Run warmup + active steps under torch.profiler; time the active ones; summarize their events."""
+    """Run warmup + active steps under torch.profiler; time the active ones; summarize their events.
+
+    `warmup_step`, when given, runs in place of each warm-up step (the profiler is on, its events
+    are dropped, no markers are installed yet): profile_model runs its FLOP-counting probe there,
+    so the step the profiler needs to settle is not an extra run of the user's step.
+    """
     on_gpu = runner.device.type == "cuda"
     sync = synchronizer(runner.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     times: list[float] = []
+    markers_on = False
     with (
-        _ModuleMarkers(runner.model),
+        ExitStack() as markers,
         profile(
             activities=activities, schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1)
         ) as prof,
     ):
         for index in range(warmup + active):
+            if index < warmup and warmup_step is not None:
+                warmup_step()
+                sync()
+                prof.step()
+                continue
+            if not markers_on:  # installed once, at the first step the probe does not take
+                markers.enter_context(_ModuleMarkers(runner.model))
+                markers_on = True
             sync()
             start = time.perf_counter()
             runner.checked_step(_phase_marker)

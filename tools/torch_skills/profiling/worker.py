@@ -5,14 +5,17 @@ in-process in tests: `run(ProfileRequest(model="net.py:build", input_shape=[32, 
 
 What it does, in order (each stage reports progress):
 1. builds the model, the batches (or the user's loader), the loss, the optimizer, the precision;
-2. times warmup + active steps without the profiler (CUDA synchronized) -> median, IQR, loader wait,
-   peak memory;
+2. times warmup + active steps without the profiler (CUDA synchronized; long steps run fewer: the
+   warm-up stops past WARMUP_BUDGET_S after 2 steps, the timing past TIMING_BUDGET_S after 3)
+   -> median, IQR, loader wait, peak memory;
 3. measures what this machine attains now: a large matmul in the step's dtype, a large copy, one
    tiny op (calibrate.py);
 4. runs one step under FlopCounterMode and a counting dispatch mode -> FLOPs, bytes moved, op
-   dispatches, host syncs with their module and source line (probe.py);
-5. runs 1 + active steps under torch.profiler -> top ops, categories, phases, module times, the
-   profiler's own overhead, and the optional Chrome trace (trace.py);
+   dispatches, host syncs with their module and source line (probe.py); this step is also the
+   profiler's warm-up, so it costs no extra run of the user's step;
+5. runs the active steps under torch.profiler (fewer, not under 2, when a step is long:
+   `profiled_steps`) -> top ops, categories, phases, module times, the profiler's own overhead,
+   and the optional Chrome trace (trace.py);
 6. optionally times torch.compile(model) (compiled.py);
 7. classifies the bottleneck (classify.py) and writes findings and a summary (findings.py).
 
@@ -25,6 +28,7 @@ model or the loss does it.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from dataclasses import dataclass
@@ -54,7 +58,21 @@ from torch_skills.profiling.trace import TraceSummary, profiled_pass
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.threads import run_threads
 
-PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step lets the profiler settle
+PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step (the probe's) lets the profiler settle
+WARMUP_BUDGET_S = 2.0  # warm-up stops past this (after 2 steps): the step is warm by then
+TIMING_BUDGET_S = 5.0  # timed steps stop past this (after MIN_TIMED_STEPS): a long step's median is stable
+PROFILE_BUDGET_S = 1.5  # profiled steps past this much step time add little: a long step is stable
+MIN_PROFILED_STEPS = 2  # the work fraction is a median over the profiled steps: keep two
+
+
+def profiled_steps(active_steps: int, step_time_s: float) -> int:
+    """How many steps to run under the profiler: `active_steps`, fewer (not under 2) when the timed
+    steps are long, so that the profiled pass takes about PROFILE_BUDGET_S of step time."""
+    if step_time_s <= 0:
+        return active_steps
+    return max(MIN_PROFILED_STEPS, min(active_steps, math.ceil(PROFILE_BUDGET_S / step_time_s)))
+
+
 STAGES = 7
 
 
@@ -185,10 +203,16 @@ def _measure(request: ProfileRequest, job) -> _Measured:
     runner = build_step(request, job, device)
 
     job.progress(
-        1, STAGES, f"timing {request.warmup_steps}+{request.active_steps} steps without the profiler"
+        1, STAGES, f"timing up to {request.warmup_steps}+{request.active_steps} steps without the profiler"
     )
     _reset_peak_rss()
-    timed = time_steps(runner, warmup=request.warmup_steps, active=request.active_steps)
+    timed = time_steps(
+        runner,
+        warmup=request.warmup_steps,
+        active=request.active_steps,
+        budget_s=TIMING_BUDGET_S,
+        warmup_budget_s=WARMUP_BUDGET_S,
+    )
     if on_gpu:
         peak_memory, memory_kind = torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
     else:
@@ -197,21 +221,27 @@ def _measure(request: ProfileRequest, job) -> _Measured:
     job.progress(2, STAGES, "measuring the attainable matmul rate, copy rate and per-op cost")
     cal = calibrate(device, MATMUL_DTYPE[request.precision])
 
-    job.progress(3, STAGES, "counting FLOPs, bytes, ops and host syncs over one step")
-    try:
-        probe, probe_error = probe_step(runner), None
-    except UserCodeError as exc:  # the same step ran clean without the probe: the probe is at fault
-        probe, probe_error = Probe.empty(), exc.message.splitlines()[0][:500]
+    profiled = profiled_steps(request.active_steps, summarize(timed.times_s).median)
+    probed: list[tuple[Probe, str | None]] = []
 
-    job.progress(4, STAGES, f"profiling {request.active_steps} steps with torch.profiler")
+    def probe_then_profile() -> None:  # the profiler's warm-up step: the probe's step, not an extra one
+        job.progress(3, STAGES, "counting FLOPs, bytes, ops and host syncs over one step")
+        try:
+            probed.append((probe_step(runner), None))
+        except UserCodeError as exc:  # the same step ran clean without the probe: the probe is at fault
+            probed.append((Probe.empty(), exc.message.splitlines()[0][:500]))
+        job.progress(4, STAGES, f"profiling {profiled} steps with torch.profiler")
+
     trace = profiled_pass(
         runner,
         warmup=PROFILER_WARMUP_STEPS,
-        active=request.active_steps,
+        active=profiled,
         small_op_s=SMALL_OP_FACTOR * cal.tiny_op_s,  # used where the profiled yardstick is missing (GPU)
         top_k=request.top_k,
         trace_path=trace_path,
+        warmup_step=probe_then_profile,
     )
+    probe, probe_error = probed[0]
 
     compile_report = None
     if request.compile:
