@@ -66,14 +66,27 @@ def _blocks_only(wheel: str) -> bool:
     return os.path.basename(wheel).startswith("torchao")
 
 
+def _carried_wheels(blocks_only: bool) -> list[str]:
+    """The carried wheels this Python can import, either the blocks-only ones or all the others."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    return [
+        w
+        for w in sorted(glob.glob(str(WHEELS / "*.whl")))
+        if _compatible(w, tag) and _blocks_only(w) == blocks_only
+    ]
+
+
+def _unpack(wheels: list[str], prefix: str) -> str:
+    """Extract `wheels` into a new temporary folder (an importable site) and return it."""
+    target = tempfile.mkdtemp(prefix=prefix)
+    for w in wheels:
+        zipfile.ZipFile(w).extractall(target)
+    return target
+
+
 def blocks_path() -> str:
     """A folder holding the blocks-only wheels, for the skill-block scripts' PYTHONPATH."""
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    target = Path(tempfile.mkdtemp(prefix="gpu_check_blocks_"))
-    for w in sorted(glob.glob(str(WHEELS / "*.whl"))):
-        if _compatible(w, tag) and _blocks_only(w):
-            zipfile.ZipFile(w).extractall(target)
-    return str(target)
+    return _unpack(_carried_wheels(blocks_only=True), "gpu_check_blocks_")
 
 
 def ensure_vendored() -> str:
@@ -83,21 +96,16 @@ def ensure_vendored() -> str:
         import pydantic
 
         return f"installed {pydantic.VERSION}"
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    wheels = [
-        w for w in sorted(glob.glob(str(WHEELS / "*.whl"))) if _compatible(w, tag) and not _blocks_only(w)
-    ]
+    wheels = _carried_wheels(blocks_only=False)
     if not any("pydantic_core" in w for w in wheels):
-        raise SystemExit(f"no pydantic and no pydantic_core wheel for {tag} in {WHEELS}")
-    target = Path(tempfile.mkdtemp(prefix="gpu_check_vendor_"))
-    for w in wheels:
-        zipfile.ZipFile(w).extractall(target)
-    sys.path.insert(0, str(target))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+        raise SystemExit(f"no pydantic and no pydantic_core wheel for this Python in {WHEELS}")
+    target = _unpack(wheels, "gpu_check_vendor_")
+    sys.path.insert(0, target)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [target, os.environ.get("PYTHONPATH")]))
     importlib.invalidate_caches()
     import pydantic
 
-    return f"vendored {pydantic.VERSION} and {len(wheels)} wheels ({tag})"
+    return f"vendored {pydantic.VERSION} and {len(wheels)} wheels (cp{sys.version_info.major}{sys.version_info.minor})"
 
 
 def setup_path() -> None:

@@ -143,20 +143,8 @@ def check_adapter(
         loader="peft_from_pretrained", fits_as_is=False, fits=False, call=peft_load_call(folder)
     )
     names = config.target_modules
-    common = {"peft_type": config.peft_type}
     if config.peft_type != "LORA":
-        return AdapterCheck(
-            **common,
-            modelled=False,
-            r=None,
-            lora_modules=0,
-            targeted_modules=None,
-            saved_tensors=0,
-            fits=False,
-            problems=[],
-            problem_count=0,
-            loader=loader,
-        )
+        return AdapterCheck.not_modelled(config.peft_type, loader)
     problems: list[AdapterProblem] = []
     flagged: set[tuple[str, str]] = set()
 
@@ -234,7 +222,7 @@ def check_adapter(
     errors = [p for p in problems if severity(p.code) == "error"]
     loader.fits = loader.fits_as_is = not errors
     return AdapterCheck(
-        **common,
+        peft_type=config.peft_type,
         modelled=True,
         r=config.r,
         lora_modules=len(lora_modules),

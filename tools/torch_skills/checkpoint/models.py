@@ -323,6 +323,16 @@ class AdapterCheck(BaseModel):
     loader: LoaderCall
     config_error: str | None = None
 
+    @classmethod
+    def not_modelled(
+        cls, peft_type: str, loader: LoaderCall, config_error: str | None = None
+    ) -> AdapterCheck:
+        """An adapter whose tensors were not checked: a type other than LoRA, or an unusable config."""
+        return cls(
+            peft_type=peft_type, modelled=False, r=None, lora_modules=0, targeted_modules=None,
+            saved_tensors=0, fits=False, problems=[], problem_count=0, loader=loader, config_error=config_error,
+        )  # fmt: skip
+
 
 class LoadAndRun(BaseModel):
     loaded: bool

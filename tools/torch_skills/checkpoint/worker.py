@@ -193,19 +193,8 @@ def _adapter_check(
     try:
         config = read_adapter_config(config_path)
     except AdapterConfigError as e:
-        return AdapterCheck(
-            peft_type="",
-            modelled=False,
-            r=None,
-            lora_modules=0,
-            targeted_modules=None,
-            saved_tensors=0,
-            fits=False,
-            problems=[],
-            problem_count=0,
-            loader=LoaderCall(loader="peft_from_pretrained", fits_as_is=False, fits=False, call=None),
-            config_error=str(e),
-        )
+        loader = LoaderCall(loader="peft_from_pretrained", fits_as_is=False, fits=False, call=None)
+        return AdapterCheck.not_modelled("", loader, config_error=str(e))
     return check_adapter(config, shapes, layer_shapes(model), base, folder=str(folder), max_listed=max_listed)
 
 

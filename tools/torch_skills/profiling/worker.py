@@ -56,7 +56,7 @@ from torch_skills.profiling.step import MATMUL_DTYPE, StepRunner, build_step, to
 from torch_skills.profiling.timing import TimedSteps, time_steps
 from torch_skills.profiling.trace import TraceSummary, profiled_pass
 from torch_skills.runner.errors import UserCodeError
-from torch_skills.runner.threads import run_threads
+from torch_skills.runner.threads import load_average, run_threads, usable_cores
 
 PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step (the probe's) lets the profiler settle
 WARMUP_BUDGET_S = 2.0  # warm-up stops past this (after 2 steps): the step is warm by then
@@ -149,11 +149,8 @@ def _peak_dtype(precision: str) -> PeakDType:
 
 def _cpu_load() -> float | None:
     """1-minute load average per usable core, or None where the OS does not say."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-        return os.getloadavg()[0] / max(cores, 1)
-    except (OSError, AttributeError):
-        return None
+    load = load_average()
+    return None if load is None else load / usable_cores()
 
 
 def run(request: ProfileRequest, job) -> ProfileResult:

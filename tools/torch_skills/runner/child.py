@@ -68,47 +68,13 @@ def _isolate(write_fd: int) -> None:
     os.dup2(devnull, 0)
     os.dup2(write_fd, 1)
     os.dup2(write_fd, 2)
-    close_inherited_fds()  # the protocol pipe, other jobs' pipes: none of it is the user's business
+    os.closerange(3, 65536)  # the protocol pipe, other jobs' pipes: none of it is the user's business
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, errors="replace")
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="replace")
     faulthandler.enable(file=sys.stderr)  # a segfault still leaves a Python traceback in the output
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
-
-
-def close_inherited_fds(keep_prefixes: tuple[str, ...] = ("/dev/nvidia",)) -> None:
-    """Close every descriptor from 3 up that the zygote left open, except the GPU driver's device files.
-
-    A library in the zygote that asked NVML or the driver anything (torch.cuda.is_available() in an
-    import, say) holds /dev/nvidia* open; closing those under it makes CUDA fail in this child with
-    "CUDA error: initialization error" (measured on an H100). Without /proc, closes them all.
-    """
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        os.closerange(3, 65536)
-        return
-    for fd in fds:
-        if fd < 3:
-            continue
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith(keep_prefixes):
-                continue
-            os.close(fd)
-        except OSError:
-            pass  # the listing's own descriptor, already gone
-
-
-def resolve_device(requested: str) -> str:
-    """'cuda' or 'cpu' for a call that asked for 'auto', 'cpu' or 'cuda', decided in the child.
-
-    The zygote never asks (see torch_skills.runner.zygote); a worker without torch runs on the CPU.
-    """
-    if requested in ("cpu", "cuda"):
-        return requested
-    torch = sys.modules.get("torch")
-    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
 
 def _limit_memory(limit_bytes: int, device: str, file_size_limit_bytes: int = 0) -> None:
@@ -186,10 +152,9 @@ def run_child(message: dict[str, Any], write_fd: int, _protocol_fd: int) -> None
     code = 0
     job_dir = Path(message["dir"])
     before = set(sys.modules)  # what the warm worker had: the rest was imported for this call
-    device = "cpu"
+    device = str(message.get("device", "cpu"))  # resolved by the zygote (Zygote.device_for)
     try:
         _isolate(write_fd)
-        device = resolve_device(str(message.get("device", "auto")))
         _limit_memory(
             int(message.get("memory_limit_bytes", 0)), device, int(message.get("file_size_limit_bytes", 0))
         )

@@ -59,7 +59,7 @@ class Zygote:
     def __init__(self, out_fd: int, pending_preloads: list[str] | None = None):
         self.out_fd = out_fd
         self.pending_preloads = list(pending_preloads or ())  # imported while no call is running
-        self._gpu_present: bool | None = None  # asked on the first 'auto' call, not at start
+        self._gpu_present: bool | None = None  # asked on the first 'auto' call (device_for), not at start
         self.jobs: dict[str, _Job] = {}
         self.by_pid: dict[int, _Job] = {}
         self._stdin_buf = b""
@@ -88,8 +88,9 @@ class Zygote:
     def start(self, message: dict) -> None:
         from torch_skills.runner import child
 
+        message = dict(message, device=self.device_for(str(message.get("device", "auto"))))
         read_fd, write_fd = os.pipe()
-        if self.fresh_interpreter_for(str(message.get("device", "auto"))):
+        if self.fresh_interpreter_for(message["device"]):
             os.set_inheritable(write_fd, True)
             argv = spawned.command(message, write_fd)
             pid = os.posix_spawn(argv[0], argv, dict(os.environ))
@@ -105,23 +106,23 @@ class Zygote:
         self.by_pid[pid] = job
         self.send({"event": "started", "job": job.job_id, "pid": pid})
 
-    def fresh_interpreter_for(self, requested_device: str) -> bool:
-        """Whether a call runs in a fresh interpreter (CUDA calls) rather than a fork of this process.
-
-        TORCH_SKILLS_WORKER_START=spawn or =fork overrides the choice for every call.
-        """
-        forced = os.environ.get(START_ENV, "auto")
-        if forced in ("spawn", "fork"):
-            return forced == "spawn"
-        if requested_device == "cuda":
-            return True
-        if requested_device != "auto":
-            return False
+    def device_for(self, requested: str) -> str:
+        """'cuda' or 'cpu' for a call that asked for 'auto', 'cpu' or 'cuda' ('auto' is asked once,
+        through NVML: PYTORCH_NVML_BASED_CUDA_CHECK; a worker without torch runs on the CPU)."""
+        if requested in ("cpu", "cuda"):
+            return requested
         if self._gpu_present is None:
             torch = sys.modules.get("torch")
-            # Asked through NVML (PYTORCH_NVML_BASED_CUDA_CHECK): harmless here, since CUDA calls never fork.
             self._gpu_present = bool(torch is not None and torch.cuda.is_available())
-        return self._gpu_present
+        return "cuda" if self._gpu_present else "cpu"
+
+    @staticmethod
+    def fresh_interpreter_for(device: str) -> bool:
+        """Whether a call on `device` runs in a fresh interpreter (CUDA) rather than a fork of this
+        process (a driver anything here set up is unusable in a forked child).
+        TORCH_SKILLS_WORKER_START=spawn or =fork overrides the choice for every call."""
+        forced = os.environ.get(START_ENV, "auto")
+        return forced == "spawn" if forced in ("spawn", "fork") else device == "cuda"
 
     # -- children -------------------------------------------------------------------------------
     def _kill_group(self, pid: int) -> None:
@@ -383,9 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     proctree.become_subreaper()  # a job's escaped descendants land here when the job ends
     sys.dont_write_bytecode = True  # never leave __pycache__ in the user's project
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # ...nor from the processes the user's code starts
-    os.environ.setdefault(
-        "PYTORCH_NVML_BASED_CUDA_CHECK", "1"
-    )  # a child's is_available() leaves CUDA to its own use
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # device_for asks NVML, not the driver
 
     problem = environment_problem()
     if problem is not None and "--without-torch" in argv and _torch_missing():
