@@ -11,7 +11,8 @@ import torch
 
 from torch_skills.profiling import worker
 from torch_skills.profiling.models import ProfileRequest
-from torch_skills.profiling.step import StepRunner
+from torch_skills.profiling.probe import probe_step
+from torch_skills.profiling.step import StepRunner, build_step
 from torch_skills.profiling.timing import MIN_TIMED_STEPS, time_steps
 from torch_skills.runner.child import JobContext
 
@@ -45,10 +46,11 @@ def _profile(job, **kwargs):
     return worker.run(request, job)
 
 
-def test_the_flop_probe_is_the_profilers_warm_up_step_not_an_extra_one(job, steps_run):
-    """A short step runs warmup + active timed, one probed and active profiled steps: no other."""
+def test_the_flop_probe_is_the_first_warm_up_step_not_an_extra_one(job, steps_run):
+    """A short step on a CPU runs the probed first step (the warm-up), active timed and active profiled
+    steps: no other, and no profiler warm-up step."""
     result = _profile(job, warmup_steps=1, active_steps=4)
-    assert len(steps_run) == 1 + 4 + 1 + 4
+    assert len(steps_run) == 1 + 4 + 4
     assert result.flops_per_step > 0 and result.probe_error is None
     assert len(result.timing.times_s) == 4
     assert result.ops_per_step > 0 and result.top_ops
@@ -58,7 +60,7 @@ def test_a_long_step_is_profiled_fewer_times(job, steps_run, monkeypatch):
     """When the timed steps are long next to the profiling budget, two profiled steps are run."""
     monkeypatch.setattr(worker, "PROFILE_BUDGET_S", 1e-9)
     result = _profile(job, warmup_steps=1, active_steps=5)
-    assert len(steps_run) == 1 + 5 + 1 + worker.MIN_PROFILED_STEPS
+    assert len(steps_run) == 1 + 5 + worker.MIN_PROFILED_STEPS
     assert result.profiled_step_time_s > 0 and result.phases
 
 
@@ -106,6 +108,26 @@ def test_a_long_warm_up_stops_after_two_steps():
     runner = _SleepyRunner(0.02)
     timed = time_steps(runner, warmup=5, active=3, warmup_budget_s=0.01)
     assert runner.steps == 2 + 3 and len(timed.times_s) == 3
+
+
+def test_a_warm_up_step_that_already_ran_counts_towards_the_warm_up_budget():
+    """The probe's first step took the whole budget: one more warm-up step runs (two in all), not four."""
+    runner = _SleepyRunner(0.02)
+    time_steps(runner, warmup=4, active=3, warmup_budget_s=0.01, prior_steps=1, prior_s=0.02)
+    assert runner.steps == 1 + 3
+
+
+def test_the_first_step_probe_counts_what_a_later_step_does(job):
+    """The optimizer making its state in the first step (AdamW's zeroed moments) is not in the counts:
+    a probe over the first step gives a later step's FLOPs, bytes and ops."""
+    request = ProfileRequest(
+        model=f"{SCENARIO_MODELS}:flops_mlp", input_shape=[32, 64], cpu_threads=1, optimizer="adamw"
+    )
+    runner = build_step(request, job, torch.device("cpu"))
+    first = probe_step(runner, first_step=True)
+    later = probe_step(runner)
+    assert (first.flops, first.bytes_moved, first.ops) == (later.flops, later.bytes_moved, later.ops)
+    assert first.bytes_moved > 0
 
 
 def test_a_warm_up_within_its_budget_runs_every_step_asked_for():

@@ -24,7 +24,7 @@ import torch
 REPEATS = 5
 MATMUL_START = 256
 MATMUL_CAP = {"cpu": 2048, "cuda": 8192}
-MATMUL_LONG_ENOUGH_S = {"cpu": 0.02, "cuda": 0.002}  # one matmul this long is past fixed costs
+MATMUL_LONG_ENOUGH_S = {"cpu": 0.01, "cuda": 0.002}  # one matmul this long is past fixed costs
 COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 256 * 2**20}  # larger than the last-level cache / L2
 TINY_OPS_PER_REPEAT = 200
 

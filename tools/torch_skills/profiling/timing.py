@@ -48,20 +48,23 @@ def time_steps(
     active: int,
     budget_s: float | None = None,
     warmup_budget_s: float | None = None,
+    prior_steps: int = 0,
+    prior_s: float = 0.0,
 ) -> TimedSteps:
     """Run warmup + active steps; return the active ones' times, loader waits and batch sizes.
 
     With `budget_s`, timing stops early once the timed steps total that many seconds and at least
     MIN_TIMED_STEPS ran: a step that long has a stable median, and more repeats only cost time.
-    With `warmup_budget_s`, the warm-up likewise stops after MIN_WARMUP_STEPS once it took that long."""
+    With `warmup_budget_s`, the warm-up likewise stops after MIN_WARMUP_STEPS once it took that long;
+    `prior_steps` warm-up steps that took `prior_s` already ran (profile_model's probe step) and count."""
     sync = synchronizer(runner.device)
-    started = time.perf_counter()
+    started = time.perf_counter() - prior_s
     for index in range(warmup):
+        if warmup_budget_s is not None and index + prior_steps >= MIN_WARMUP_STEPS:
+            if time.perf_counter() - started >= warmup_budget_s:
+                break
         runner.checked_step()
         sync()
-        spent = time.perf_counter() - started
-        if warmup_budget_s is not None and index + 1 >= MIN_WARMUP_STEPS and spent >= warmup_budget_s:
-            break
     times, waits, samples = [], [], []
     for _ in range(active):
         start = time.perf_counter()

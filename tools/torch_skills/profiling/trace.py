@@ -27,9 +27,8 @@ import bisect
 import os
 import statistics
 import time
+import warnings
 from collections import defaultdict
-from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,34 +392,25 @@ def profiled_pass(
     small_op_s: float,
     top_k: int,
     trace_path: Path | None,
-    warmup_step: Callable[[], object] | None = None,
 ) -> TraceSummary:
     """Run warmup + active steps under torch.profiler; time the active ones; summarize their events.
 
-    `warmup_step`, when given, runs in place of each warm-up step (the profiler is on, its events
-    are dropped, no markers are installed yet): profile_model runs its FLOP-counting probe there,
-    so the step the profiler needs to settle is not an extra run of the user's step.
+    `warmup=0` is allowed (profile_model's CPU pass: the model is warm, and a CPU profiler needs no
+    settling step); torch's warning that a schedule without warm-up can skew results is then not
+    shown.
     """
     on_gpu = runner.device.type == "cuda"
     sync = synchronizer(runner.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     times: list[float] = []
-    markers_on = False
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+        steps = schedule(wait=0, warmup=warmup, active=active, repeat=1)
     with (
-        ExitStack() as markers,
-        profile(
-            activities=activities, schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1)
-        ) as prof,
+        _ModuleMarkers(runner.model),
+        profile(activities=activities, schedule=steps) as prof,
     ):
         for index in range(warmup + active):
-            if index < warmup and warmup_step is not None:
-                warmup_step()
-                sync()
-                prof.step()
-                continue
-            if not markers_on:  # installed once, at the first step the probe does not take
-                markers.enter_context(_ModuleMarkers(runner.model))
-                markers_on = True
             sync()
             start = time.perf_counter()
             runner.checked_step(_phase_marker)

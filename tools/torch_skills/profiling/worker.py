@@ -5,17 +5,18 @@ in-process in tests: `run(ProfileRequest(model="net.py:build", input_shape=[32, 
 
 What it does, in order (each stage reports progress):
 1. builds the model, the batches (or the user's loader), the loss, the optimizer, the precision;
-2. times warmup + active steps without the profiler (CUDA synchronized; long steps run fewer: the
-   warm-up stops past WARMUP_BUDGET_S after 2 steps, the timing past TIMING_BUDGET_S after 3)
-   -> median, IQR, loader wait, peak memory;
-3. measures what this machine attains now: a large matmul in the step's dtype, a large copy, one
+2. runs the first step under FlopCounterMode and a counting dispatch mode -> FLOPs, bytes moved, op
+   dispatches, host syncs with their module and source line (probe.py; the optimizer making its
+   state is left out, so the counts are a later step's); this is the first warm-up step, so it
+   costs no extra run of the user's step;
+3. times the other warmup + the active steps without the profiler (CUDA synchronized; long steps
+   run fewer: the warm-up stops past WARMUP_BUDGET_S after 2 steps, the timing past
+   TIMING_BUDGET_S after 3) -> median, IQR, loader wait, peak memory;
+4. measures what this machine attains now: a large matmul in the step's dtype, a large copy, one
    tiny op (calibrate.py);
-4. runs one step under FlopCounterMode and a counting dispatch mode -> FLOPs, bytes moved, op
-   dispatches, host syncs with their module and source line (probe.py); this step is also the
-   profiler's warm-up, so it costs no extra run of the user's step;
 5. runs the active steps under torch.profiler (fewer, not under 2, when a step is long:
-   `profiled_steps`) -> top ops, categories, phases, module times, the profiler's own overhead,
-   and the optional Chrome trace (trace.py);
+   `profiled_steps`; on a GPU after one profiler warm-up step) -> top ops, categories, phases,
+   module times, the profiler's own overhead, and the optional Chrome trace (trace.py);
 6. optionally times torch.compile(model) (compiled.py);
 7. classifies the bottleneck (classify.py) and writes findings and a summary (findings.py).
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,11 +60,23 @@ from torch_skills.profiling.trace import TraceSummary, profiled_pass
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.threads import load_average, run_threads, usable_cores
 
-PROFILER_WARMUP_STEPS = 1  # the model is warm already; one step (the probe's) lets the profiler settle
+# Profiler warm-up steps (on a CPU, on a GPU): the model is warm by then; CUPTI's tracing settles
+# over one step on a GPU, a CPU profiler needs none.
+PROFILER_WARMUP_STEPS = (0, 1)
 WARMUP_BUDGET_S = 2.0  # warm-up stops past this (after 2 steps): the step is warm by then
 TIMING_BUDGET_S = 5.0  # timed steps stop past this (after MIN_TIMED_STEPS): a long step's median is stable
 PROFILE_BUDGET_S = 1.5  # profiled steps past this much step time add little: a long step is stable
 MIN_PROFILED_STEPS = 2  # the work fraction is a median over the profiled steps: keep two
+
+
+def _probe_first_step(runner: StepRunner) -> tuple[Probe, str | None]:
+    """The FLOP/byte/sync probe over the first step, which is the first warm-up step too; the
+    probe's error message when that step failed under it (an error of the step itself shows again
+    in the warm-up step that follows, without the probe)."""
+    try:
+        return probe_step(runner, first_step=True), None
+    except UserCodeError as exc:
+        return Probe.empty(), exc.message
 
 
 def profiled_steps(active_steps: int, step_time_s: float) -> int:
@@ -199,46 +213,44 @@ def _measure(request: ProfileRequest, job) -> _Measured:
         torch.cuda.reset_peak_memory_stats(device)
     runner = build_step(request, job, device)
 
-    job.progress(
-        1, STAGES, f"timing up to {request.warmup_steps}+{request.active_steps} steps without the profiler"
-    )
+    job.progress(1, STAGES, "counting FLOPs, bytes, ops and host syncs over the first step")
     _reset_peak_rss()
+    started = time.perf_counter()
+    probe, probe_error = _probe_first_step(runner)
+    probe_s = time.perf_counter() - started
+
+    job.progress(
+        2, STAGES, f"timing up to {request.warmup_steps}+{request.active_steps} steps without the profiler"
+    )
     timed = time_steps(
         runner,
-        warmup=request.warmup_steps,
+        warmup=request.warmup_steps - 1 + (probe_error is not None),  # the probe was the first warm-up
         active=request.active_steps,
         budget_s=TIMING_BUDGET_S,
         warmup_budget_s=WARMUP_BUDGET_S,
+        prior_steps=1,
+        prior_s=probe_s,
     )
+    if probe_error is not None:  # the same step ran clean without the probe: the probe is at fault
+        probe_error = probe_error.splitlines()[0][:500]
     if on_gpu:
         peak_memory, memory_kind = torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
     else:
         peak_memory, memory_kind = max((_proc_status_bytes("VmHWM") or 0) - baseline_rss, 0), "cpu_rss_growth"
 
-    job.progress(2, STAGES, "measuring the attainable matmul rate, copy rate and per-op cost")
+    job.progress(3, STAGES, "measuring the attainable matmul rate, copy rate and per-op cost")
     cal = calibrate(device, MATMUL_DTYPE[request.precision])
 
     profiled = profiled_steps(request.active_steps, summarize(timed.times_s).median)
-    probed: list[tuple[Probe, str | None]] = []
-
-    def probe_then_profile() -> None:  # the profiler's warm-up step: the probe's step, not an extra one
-        job.progress(3, STAGES, "counting FLOPs, bytes, ops and host syncs over one step")
-        try:
-            probed.append((probe_step(runner), None))
-        except UserCodeError as exc:  # the same step ran clean without the probe: the probe is at fault
-            probed.append((Probe.empty(), exc.message.splitlines()[0][:500]))
-        job.progress(4, STAGES, f"profiling {profiled} steps with torch.profiler")
-
+    job.progress(4, STAGES, f"profiling {profiled} steps with torch.profiler")
     trace = profiled_pass(
         runner,
-        warmup=PROFILER_WARMUP_STEPS,
+        warmup=PROFILER_WARMUP_STEPS[device.type == "cuda"],
         active=profiled,
         small_op_s=SMALL_OP_FACTOR * cal.tiny_op_s,  # used where the profiled yardstick is missing (GPU)
         top_k=request.top_k,
         trace_path=trace_path,
-        warmup_step=probe_then_profile,
     )
-    probe, probe_error = probed[0]
 
     compile_report = None
     if request.compile:
