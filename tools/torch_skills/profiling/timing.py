@@ -60,9 +60,9 @@ def time_steps(
     sync = synchronizer(runner.device)
     started = time.perf_counter() - prior_s
     for index in range(warmup):
-        if warmup_budget_s is not None and index + prior_steps >= MIN_WARMUP_STEPS:
-            if time.perf_counter() - started >= warmup_budget_s:
-                break
+        warmed_up = index + prior_steps >= MIN_WARMUP_STEPS
+        if warmed_up and warmup_budget_s is not None and time.perf_counter() - started >= warmup_budget_s:
+            break
         runner.checked_step()
         sync()
     times, waits, samples = [], [], []
