@@ -2,7 +2,7 @@
 
 Run from the repository root: `python evals/routing/label_agreement.py`. For real_dev.yaml and real_test.yaml it
 prints, per kind of label (routable, clarify, decline), how often the second labelling
-(real_second_labels.yaml: the text alone, no source address, no first labels) gives the first label, and
+(labels/real_second_labels.yaml: the text alone, no source address, no first labels) gives the first label, and
 the router's answers on all posts and on the posts both labellers agree on (aggregates only: no post is
 printed, so the test half stays unread).
 
@@ -34,7 +34,7 @@ def kind_of(label: str) -> str:
 
 def main() -> None:
     second = {
-        row["id"]: row["label"] for row in yaml.safe_load((HERE / "real_second_labels.yaml").read_text())
+        row["id"]: row["label"] for row in yaml.safe_load((HERE / "labels" / "real_second_labels.yaml").read_text())
     }
     router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
     for name in ("real_dev", "real_test"):
