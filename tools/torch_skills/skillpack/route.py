@@ -56,7 +56,7 @@ from torch_skills.skillpack.router import (
     RouterTable,
     parse_router,
 )
-from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
+from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, is_cjk, normalize, terms, tokens
 
 GENERIC_TOPIC = "Not machine learning"
 GENERIC_SAY = (
@@ -320,7 +320,7 @@ class Router:
 
     def scores(self, query: str) -> tuple[dict[str, float], dict[str, list[str]], list[str]]:
         """(score per skill, matched phrases per skill, the query's terms in order)."""
-        found = self._evidence(query)
+        found = self._evidence(normalize(query))
         return found.scores, found.phrases, found.ordered
 
     def _evidence(self, query: str) -> _Evidence:
@@ -587,7 +587,7 @@ class Router:
 
     # -- the answer -----------------------------------------------------------------------------
     def route(self, query: str) -> RouteResult:
-        posted = _truncate(query or "")
+        posted = normalize(_truncate(query or ""))
         query, ignored = self._drop_not_evidence(posted)
         found = self._evidence(query)
         scores, evidence = found.scores, found.phrases
@@ -787,6 +787,8 @@ def _words(text: str) -> list[str]:
     glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
     out = []
     for tok in tokens(_EMPHASIS.sub(" ", text.lower())):
+        if is_cjk(tok):
+            continue  # signs are Latin words: a CJK character between two must not push them apart
         out.append(tok)
         if _NUMBER.match(tok):
             continue  # a version ('12.4') is one word: split, it would push a sign's words apart
