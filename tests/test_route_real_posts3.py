@@ -39,3 +39,23 @@ def test_a_chinese_post_is_read_by_its_symptom_phrase(router: Router, query: str
 def test_a_latin_word_glued_to_a_cjk_run_keeps_its_word_boundary(router: Router):
     """Keras code right after a Chinese word is still seen: the script boundary is a word boundary."""
     assert _first(router, "用了model.compile(optimizer='adam')之后报错了，怎么办？") == "decline"
+
+
+def test_a_post_filed_with_another_runtime_declines_though_the_model_came_from_pytorch(router: Router):
+    """An environment line with ONNX Runtime's version says where the post was filed: the NaN is
+    the runtime's, however often PyTorch is named as where the model came from."""
+    query = (
+        "fp16 model outputs NaN, fp32 is fine\n"
+        "Hi team, we exported the model from PyTorch and converted it to fp16 for speed, but the "
+        "fp16 model returns NaN while the fp32 one is correct. It is also slower than PyTorch.\n\n"
+        "- ONNX Runtime version: 1.16\n- OS: Ubuntu 22.04\n"
+    )
+    assert _first(router, query) == "decline"
+
+
+def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
+    """Naming the runtime in passing, with no version line, keeps a PyTorch question in scope."""
+    query = (
+        "torch.onnx.export gives NaN outputs in onnxruntime after I switched the model to fp16 with autocast"
+    )
+    assert _first(router, query) != "decline"
