@@ -59,3 +59,26 @@ def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
         "torch.onnx.export gives NaN outputs in onnxruntime after I switched the model to fp16 with autocast"
     )
     assert _first(router, query) != "decline"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Pretrained weights\nGreat job! Are you sharing the pre-trained weights (checkpoints) as well?",
+        "Inference speed\nNice work! Is the inference speed as fast as the paper says?",
+        "How about the training speed?\nHow about the training speed of the model in your repository?",
+    ],
+)
+def test_a_question_to_a_repositorys_authors_about_their_work_is_asked_about(router: Router, query: str):
+    """Asking the authors for their weights or their paper's speed names a topic word, not a
+    problem of the asker's: it gets the clarifying question, not a route on "checkpoint" or "speed"."""
+    assert _first(router, query) == "clarify"
+
+
+def test_a_measurement_of_the_askers_own_run_next_to_the_paper_stays_routed(router: Router):
+    """A concrete symptom of the asker's own run is routed even when the post compares with the paper."""
+    query = (
+        "Great work! My training is much slower than the paper: each epoch takes 3 hours on one "
+        "A100 and GPU utilization stays at 20%."
+    )
+    assert _first(router, query) == "performance-profiling"
