@@ -82,3 +82,13 @@ def test_a_measurement_of_the_askers_own_run_next_to_the_paper_stays_routed(rout
         "A100 and GPU utilization stays at 20%."
     )
     assert _first(router, query) == "performance-profiling"
+
+
+def test_a_loss_that_fluctuates_after_resuming_starts_with_checkpointing(router: Router):
+    """A loss whose variance grows after a resume is a symptom (read as a diverging run), and the
+    resume precedence row sends it to the state that was not restored."""
+    query = (
+        "Since I resumed from the step-50k checkpoint the train loss variance is much larger than "
+        "before. Is this expected? Any advice welcome."
+    )
+    assert _first(router, query) == "checkpointing-and-reproducibility"
