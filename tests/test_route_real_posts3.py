@@ -92,3 +92,14 @@ def test_a_loss_that_fluctuates_after_resuming_starts_with_checkpointing(router:
         "before. Is this expected? Any advice welcome."
     )
     assert _first(router, query) == "checkpointing-and-reproducibility"
+
+
+def test_an_inference_time_of_the_askers_own_run_is_a_latency_question(router: Router):
+    """ "Inference time" reads as latency: measuring one's own FPS or time per image is profiling,
+    not whichever skill a stray word of the post ("reported", "process") picks."""
+    query = (
+        "About FPS\nOn two servers both processes reported a pure inference time of 0.03s per "
+        "image, different from the paper. Is post-processing counted? How do I count the full "
+        "inference time?"
+    )
+    assert _first(router, query) == "performance-profiling"
