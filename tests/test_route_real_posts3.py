@@ -103,3 +103,13 @@ def test_an_inference_time_of_the_askers_own_run_is_a_latency_question(router: R
         "inference time?"
     )
     assert _first(router, query) == "performance-profiling"
+
+
+def test_a_title_that_asks_gives_way_to_the_question_of_the_body(router: Router):
+    """A title naming a topic ("Checkpoints on Google Drive?") does not make a request for the
+    authors' files routable when the body asks that request in full."""
+    query = (
+        "Checkpoints on Google Drive?\nThanks for this useful repository! Is it possible to share "
+        "the trained checkpoints on another platform? I cannot open the current host from here."
+    )
+    assert _first(router, query) == "clarify"

@@ -543,7 +543,9 @@ class Router:
     def _asks_routable_question(self, text: str, asked_clause: bool = False) -> bool:
         """Whether one of the question sentences of `text` names something routable on its own;
         with `asked_clause`, only the clause that asks counts, the last one of its sentence: in
-        "torch.compile doesn't work on 2.5, any known issues?" the question names nothing."""
+        "torch.compile doesn't work on 2.5, any known issues?" the question names nothing. A first
+        line that asks ("Checkpoints on google drive?") is a title when the body asks too: the
+        body's questions are read instead."""
         sentences = [s for s in _SENTENCE.split(text) if s.strip()]
         questions = []
         for i, sentence in enumerate(sentences):
@@ -552,8 +554,11 @@ class Router:
             ask = _clauses(sentence)[-1] if asked_clause else sentence
             if i and not set(terms(ask, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED - _PRONOUN_ASK:
                 ask = sentences[i - 1] + " " + ask  # "How can I do that?" asks about the sentence before
-            questions.append(ask)
-        return any(self._names_routable(q) for q in questions[:MAX_QUESTIONS])
+            questions.append((i, ask))
+        title = text.strip().split("\n")[0].strip()
+        if len(questions) > 1 and questions[0][0] == 0 and sentences[0].strip() == title:
+            questions = questions[1:]  # a title that asks is asked again, in full, by the body
+        return any(self._names_routable(q) for _, q in questions[:MAX_QUESTIONS])
 
     def _names_routable(self, question: str) -> bool:
         """Whether one question sentence names something routable on its own. A question that asks
