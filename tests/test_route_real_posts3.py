@@ -113,3 +113,16 @@ def test_a_title_that_asks_gives_way_to_the_question_of_the_body(router: Router)
         "the trained checkpoints on another platform? I cannot open the current host from here."
     )
     assert _first(router, query) == "clarify"
+
+
+def test_settings_in_a_pasted_config_do_not_fire_a_precedence_row(router: Router):
+    """`ckpt='checkpoint/sam.pth', warmup=True` in a pasted argparse Namespace are values, not a
+    question about resuming a schedule: a run that got slower with cudnn.benchmark stays profiling."""
+    query = (
+        "cudnn.benchmark=True makes training slower\n"
+        "I read that cudnn.benchmark makes training faster, but each epoch now takes much longer. Why?\n"
+        "[09:40:27] Namespace(dataset='Synapse', batch_size=12, deterministic=0, base_lr=0.005, "
+        "seed=1234, ckpt='checkpoint/sam_vit_b.pth', warmup=True, max_epochs=200)\n"
+        "[09:40:27] 185 iterations per epoch. 37000 max iterations\n"
+    )
+    assert _first(router, query) == "performance-profiling"

@@ -28,8 +28,8 @@ How it decides (deterministic; the phrase scores are the only ranking):
    of its questions names anything routable (a question with a review phrase, which includes
    questions to a project's authors, "how fast is it in your repository?", needs a symptom).
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
-   fires (its terms, each term's words together, outside file paths and other skills' pasted
-   messages; its first skill with its own evidence; the most specific row, then the one whose
+   fires (its terms, each term's words together, outside file paths, `name=value` settings and
+   other skills' pasted messages; its first skill with its own evidence; the most specific row, then the one whose
    first skill scores highest; "Common routing mistakes" is advice for agents, not a rule);
    then the skills scoring FOLLOW_RATIO of the top, three at most.
 
@@ -810,9 +810,12 @@ def _words(text: str) -> list[str]:
 
 
 def _unpath(m: re.Match[str]) -> str:
-    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places, not symptoms: blank them for rules."""
+    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places and settings ('seed=1234',
+    'deterministic=0' of a pasted config) name values, not symptoms: blank them for rules."""
     word = m.group(0)
     if word.startswith(("/", "~/", "./", "../")) or "\\" in word or word.count("/") >= 2:
+        return " "
+    if re.match(r"^[A-Za-z_]\w*=[^=]", word):
         return " "
     return word
 
