@@ -126,3 +126,29 @@ def test_settings_in_a_pasted_config_do_not_fire_a_precedence_row(router: Router
         "[09:40:27] 185 iterations per epoch. 37000 max iterations\n"
     )
     assert _first(router, query) == "performance-profiling"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "fine-tuning does not converge\nINFO:gluonnlp:12:01:33 Batch: 300/7000, Loss=4.02, lr=0.00003\n"
+        "INFO:gluonnlp:12:01:47 Batch: 350/7000, Loss=4.05, lr=0.00003",
+        "Hessian-vector product\nusing ReverseDiff\nF = x -> ReverseDiff.gradient(f, x)\n"
+        "How do I get the Hessian times a vector without building the Hessian?",
+    ],
+)
+def test_a_post_in_another_frameworks_own_words_declines(router: Router, query: str):
+    """GluonNLP's log and Julia's ReverseDiff name other frameworks: decline, whatever the symptom."""
+    assert _first(router, query) == "decline"
+
+
+def test_a_driver_that_is_too_old_is_a_driver_install_question(router: Router):
+    """ "The NVIDIA driver on your system is too old" asks for a driver update: decline as an install."""
+    query = (
+        "torch 2.1 with cuda 12.1 on the lab server\nRuntimeError: The NVIDIA driver on your system is "
+        "too old (found version 11040). Please update your GPU driver by downloading and installing a "
+        "new version from the URL: http://www.nvidia.com/Download/index.aspx Alternatively, go to: "
+        "https://pytorch.org to install a PyTorch version that has been compiled with your version of "
+        "the CUDA driver."
+    )
+    assert _first(router, query) == "decline"
