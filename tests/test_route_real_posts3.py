@@ -152,3 +152,13 @@ def test_a_driver_that_is_too_old_is_a_driver_install_question(router: Router):
         "the CUDA driver."
     )
     assert _first(router, query) == "decline"
+
+
+def test_a_method_written_as_a_call_is_a_concrete_api_question(router: Router):
+    """`x.permute(0, 2, 1).contiguous()` names an API even without a dotted module path: a question
+    about what it does is routed, not asked about."""
+    query = (
+        "permute and contiguous\ncan someone tell me what `feats.append(head(x).permute(0, 2, 3, 1)"
+        ".contiguous())` does? I dont understand what permute and contiguous do"
+    )
+    assert _first(router, query) == "tensor-operations-and-memory"

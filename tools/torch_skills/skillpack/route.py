@@ -121,6 +121,8 @@ _TECHNICAL_YES_NO = re.compile(
     r"\b(?:is|are)\s+(?:it|this|that)\s+(?:ok|okay|fine|safe|correct|valid|legal)\s+to\b", re.I
 )
 _NUMBER = re.compile(r"^[\d.]+$")
+_METHOD_CALL = re.compile(r"\.([A-Za-z_]\w*)\(")  # a method written as a call: ').contiguous()'
+
 _BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
@@ -680,14 +682,15 @@ class Router:
 
     def _names_api(self, text: str, evidence: set[str]) -> bool:
         """Whether `text` names an API the skill's evidence holds: an identifier written as code
-        (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`) one of whose parts is an evidence term."""
-        return any(
-            ("." in tok or "_" in tok)
-            and "/" not in tok
-            and not _NUMBER.match(tok)
-            and set(terms(tok, self.synonyms)) & evidence
+        (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`, a method call `x.permute(0, 2, 1)`)
+        one of whose parts is an evidence term."""
+        names = [
+            tok
             for tok in tokens(text)
-        )
+            if ("." in tok or "_" in tok) and "/" not in tok and not _NUMBER.match(tok)
+        ]
+        names += _METHOD_CALL.findall(text)
+        return any(set(terms(name, self.synonyms)) & evidence for name in names)
 
     def _names_no_ml(self, posted: str, found: _Evidence) -> bool:
         """Whether a post is about no machine learning at all ("What is the capital of France?"): it
