@@ -162,3 +162,12 @@ def test_a_method_written_as_a_call_is_a_concrete_api_question(router: Router):
         ".contiguous())` does? I dont understand what permute and contiguous do"
     )
     assert _first(router, query) == "tensor-operations-and-memory"
+
+
+def test_a_loss_formula_compared_with_the_papers_is_a_theory_question(router: Router):
+    """A loss function that differs from the paper's formula is a paper question: decline."""
+    query = (
+        "Loss function differs from the paper\nThanks for the great work! The loss function in the "
+        "code uses the squared error of (x - z), but eq. 3 of the paper has a 1/lambda^2 coefficient."
+    )
+    assert _first(router, query) == "decline"

@@ -41,8 +41,9 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   The `**ML words:**` line of that section lists words of machine learning at all: a question
   that shows none of them, no PyTorch sign and no route phrase is declined as not ML. A row whose
   "Declines" cell says `on sight` declines on any one sign, PyTorch named or not: code or log text
-  only another framework writes. Its signs may be regular expressions written `/.../`, matched
-  case-sensitively on the raw post (a Keras progress bar: `/\d+/\d+ \[=+/`).
+  only another framework writes. A row's signs may be regular expressions written `/.../`,
+  matched case-sensitively on the raw post (a Keras progress bar: `/\d+/\d+ \[=+/`; words apart,
+  "loss function" ... "paper", for a theory question).
 - `## Not evidence` is a table `| Lines starting with | Are |`: line prefixes (a pasted
   `collect_env` dump, issue-template headings) that route() drops before reading the query.
 
