@@ -171,3 +171,9 @@ def test_a_loss_formula_compared_with_the_papers_is_a_theory_question(router: Ro
         "code uses the squared error of (x - z), but eq. 3 of the paper has a 1/lambda^2 coefficient."
     )
     assert _first(router, query) == "decline"
+
+
+def test_create_graph_reads_as_a_double_backward_question(router: Router):
+    """`create_graph=True` is how a double backward is asked for: custom-autograd, not CUDA graphs."""
+    query = "question: about create_graph\nWhy is the create_graph attr set to True in this case?"
+    assert _first(router, query) == "custom-autograd-functions"
