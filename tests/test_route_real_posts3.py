@@ -67,6 +67,7 @@ def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
         "Pretrained weights\nGreat job! Are you sharing the pre-trained weights (checkpoints) as well?",
         "Inference speed\nNice work! Is the inference speed as fast as the paper says?",
         "How about the training speed?\nHow about the training speed of the model in your repository?",
+        "Fake numbers?\nCan anyone get the same accuracy as reported in these papers? I suspect the numbers are fake.",
     ],
 )
 def test_a_question_to_a_repositorys_authors_about_their_work_is_asked_about(router: Router, query: str):
