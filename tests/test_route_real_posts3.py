@@ -178,3 +178,10 @@ def test_create_graph_reads_as_a_double_backward_question(router: Router):
     """`create_graph=True` is how a double backward is asked for: custom-autograd, not CUDA graphs."""
     query = "question: about create_graph\nWhy is the create_graph attr set to True in this case?"
     assert _first(router, query) == "custom-autograd-functions"
+
+
+def test_a_title_that_asks_something_the_body_does_not_ask_again_stays_the_question(router: Router):
+    """A concrete title ("How do I resume training from a checkpoint?") is the post's question when
+    the body only asks "Any tips?"."""
+    query = "How do I resume training from a checkpoint?\nI only keep the model weights now. Any tips?"
+    assert _first(router, query) == "checkpointing-and-reproducibility"

@@ -558,8 +558,10 @@ class Router:
                 ask = sentences[i - 1] + " " + ask  # "How can I do that?" asks about the sentence before
             questions.append((i, ask))
         title = text.strip().split("\n")[0].strip()
-        if len(questions) > 1 and questions[0][0] == 0 and sentences[0].strip() == title:
-            questions = questions[1:]  # a title that asks is asked again, in full, by the body
+        if questions and questions[0][0] == 0 and sentences[0].strip() == title:
+            asked = set(terms(title, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED
+            if any(asked <= set(terms(q, self.synonyms, GLUE_WORDS)) for _, q in questions[1:]):
+                questions = questions[1:]  # the title's question is asked again, in full, by the body
         return any(self._names_routable(q) for _, q in questions[:MAX_QUESTIONS])
 
     def _names_routable(self, question: str) -> bool:
