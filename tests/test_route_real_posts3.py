@@ -67,7 +67,7 @@ def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
         "Pretrained weights\nGreat job! Are you sharing the pre-trained weights (checkpoints) as well?",
         "Inference speed\nNice work! Is the inference speed as fast as the paper says?",
         "How about the training speed?\nHow about the training speed of the model in your repository?",
-        "Fake numbers?\nCan anyone get the same accuracy as reported in these papers? I suspect the numbers are fake.",
+        "Fake numbers\nCan anyone get the same accuracy as reported in these papers? I suspect the numbers are fake.",
     ],
 )
 def test_a_question_to_a_repositorys_authors_about_their_work_is_asked_about(router: Router, query: str):
@@ -111,7 +111,8 @@ def test_a_title_that_asks_gives_way_to_the_question_of_the_body(router: Router)
     authors' files routable when the body asks that request in full."""
     query = (
         "Checkpoints on Google Drive?\nThanks for this useful repository! Is it possible to share "
-        "the trained checkpoints on another platform? I cannot open the current host from here."
+        "the model checkpoints on Google Drive? I cannot download the pretrained weights from the "
+        "current host."
     )
     assert _first(router, query) == "clarify"
 
