@@ -186,3 +186,12 @@ def test_a_title_that_asks_something_the_body_does_not_ask_again_stays_the_quest
     the body only asks "Any tips?"."""
     query = "How do I resume training from a checkpoint?\nI only keep the model weights now. Any tips?"
     assert _first(router, query) == "checkpointing-and-reproducibility"
+
+
+def test_scala_code_declines_on_sight(router: Router):
+    """`protected var weightInit: InitMethod = Zeros` is Scala: another framework's code, not PyTorch."""
+    query = (
+        "setInitMethod has no effect on submodules\n```\ntrait Initializable {\n"
+        "  protected var weightInitMethod: InitializationMethod = Zeros\n}\n```"
+    )
+    assert _first(router, query) == "decline"
