@@ -27,7 +27,7 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   words that, next to a number, list a setup): either makes a symptomless post without a routable
   question vague. A `**Review words:** a, b` line holds phrases, small words kept ("review my",
   "sanity check"), of a request for a review or of a question to a project's authors about their
-  own work ("your repository", "the paper"): a question that says one names nothing routable
+  own work ("your repository", "as the paper"): a question that says one names nothing routable
   without a symptom (its topic words are what it wants reviewed or told). A `**Topic words:** a, b` line
   holds words that name a setup, not a problem ("setup", "config"): with every skill's keywords
   and the setup words, a phrase matched only on them names no symptom.
