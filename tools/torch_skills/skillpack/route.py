@@ -9,29 +9,31 @@ skill, skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.
 hard-coded here.
 
 How it decides (deterministic; the phrase scores are the only ranking):
-0. Read: fold full-width forms; drop the "Not evidence" lines (a `collect_env` dump, issue-template
-   headings, a drawn `nvidia-smi` table); apply "Words users use" (each CJK character is a word);
-   stem. Score each skill: the idf-weighted share
-   of each of its phrases found in the post (from 50%), best phrases first with diminishing
-   weight, plus its single terms; a line that opens with one skill's error message word for
-   word counts for that skill only. A *symptom* is a symptom, error or example phrase found
-   (80%) through a word that is not a topic term (keywords, setup and topic words).
-1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a Keras
-   progress bar, `ttnn`, an import line, its version in the post's environment), when an "Out of scope" topic's signs outweigh the
-   skills' evidence as its row says (a post that names PyTorch keeps the `unless` topics; one
-   that names a symptom keeps the `when it outweighs` ones: "explain why training is slow" is
-   profiling), or when an English post shows no ML word, no code name and no whole phrase.
+0. Read: fold full-width forms; drop the "Not evidence" lines (a `collect_env` dump, issue-
+   template headings, a drawn `nvidia-smi` table); apply "Words users use" (a CJK character is
+   a word); stem. Score each skill: the idf-weighted share of each of its phrases found in the
+   post (from 50%), best phrases first with diminishing weight, plus its single terms; a line
+   that opens with one skill's error message word for word counts for that skill only. A
+   *symptom* is a symptom, error or example phrase found (80%) through a word that is not a
+   topic term (keywords, setup and topic words).
+1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a
+   Keras progress bar, `ttnn`, an import line, a runtime's version in the post's environment),
+   when an "Out of scope" topic's signs outweigh the skills' evidence as its row says (a post
+   that names PyTorch keeps the `unless` topics; one that names a symptom keeps the `when it
+   outweighs` ones: "explain why training is slow" is profiling), or when an English post shows
+   no ML word, no code name and no whole phrase.
 2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
-   symptom and no API (a code name, `torch.gather`, one of whose parts is evidence) and: has no
-   evidence, or its evidence is one term ("checkpoint", "pretrained") or single words with no
-   phrase, or it says a vague phrasing, a help word, a review phrase or a setup list while none
-   of its questions names anything routable (a question with a review phrase, which includes
-   questions to a project's authors, "how fast is it in your repository?", needs a symptom).
+   symptom and no API (a code name, `torch.gather`, `.contiguous()`, one of whose parts is
+   evidence) and: has no evidence, or its evidence is one term ("checkpoint") or single words
+   with no phrase, or it says a vague phrasing, a help word, a review phrase or a setup list
+   while none of its questions names anything routable (a question with a review phrase, which
+   includes questions to a project's authors, "is it as fast as the paper?", needs a symptom; a
+   title that asks gives way to a body question that asks it again in full).
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
    fires (its terms, each term's words together, outside file paths, `name=value` settings and
-   other skills' pasted messages; its first skill with its own evidence; the most specific row, then the one whose
-   first skill scores highest; "Common routing mistakes" is advice for agents, not a rule);
-   then the skills scoring FOLLOW_RATIO of the top, three at most.
+   other skills' pasted messages; its first skill with its own evidence; the most specific row,
+   then the one whose first skill scores highest; "Common routing mistakes" is advice for
+   agents, not a rule); then the skills scoring FOLLOW_RATIO of the top, three at most.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
