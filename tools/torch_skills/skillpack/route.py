@@ -418,9 +418,9 @@ class Router:
 
     def _fired_rule(self, ordered: list[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
-        of its own: a share of the top score, and a symptom, error or example phrase (a keyword such
-        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough). A term of
-        several words is mentioned when they stand together ("scale underflows", not "scaler ...
+        of its own: a share of the top score (RULE_MIN_SHARE) and, for a one-condition rule, a
+        score of RULE_EVIDENCE without the words that fired it ("seed" alone is not enough). A term
+        of several words is mentioned when they stand together ("scale underflows", not "scaler ...
         prevent underflow")."""
         scores = found.scores
         top = max(scores.values(), default=0.0)
