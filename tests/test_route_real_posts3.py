@@ -108,7 +108,7 @@ def test_an_inference_time_of_the_askers_own_run_is_a_latency_question(router: R
 
 def test_a_title_that_asks_gives_way_to_the_question_of_the_body(router: Router):
     """A title naming a topic ("Checkpoints on Google Drive?") does not make a request for the
-    authors' files routable when the body asks that request in full."""
+    authors' files routable when a question of the body asks about the same thing."""
     query = (
         "Checkpoints on Google Drive?\nThanks for this useful repository! Is it possible to share "
         "the model checkpoints on Google Drive? I cannot download the pretrained weights from the "
@@ -181,7 +181,7 @@ def test_create_graph_reads_as_a_double_backward_question(router: Router):
     assert _first(router, query) == "custom-autograd-functions"
 
 
-def test_a_title_that_asks_something_the_body_does_not_ask_again_stays_the_question(router: Router):
+def test_a_title_whose_topic_the_body_does_not_ask_about_stays_the_question(router: Router):
     """A concrete title ("How do I resume training from a checkpoint?") is the post's question when
     the body only asks "Any tips?"."""
     query = "How do I resume training from a checkpoint?\nI only keep the model weights now. Any tips?"

@@ -28,7 +28,7 @@ How it decides (deterministic; the phrase scores are the only ranking):
    with no phrase, or it says a vague phrasing, a help word, a review phrase or a setup list
    while none of its questions names anything routable (a question with a review phrase, which
    includes questions to a project's authors, "is it as fast as the paper?", needs a symptom; a
-   title that asks gives way to a body question that asks it again in full).
+   title that asks gives way to a body question on its topic).
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
    fires (its terms, each term's words together, outside file paths, `name=value` settings and
    other skills' pasted messages; its first skill with its own evidence; the most specific row,
@@ -548,8 +548,8 @@ class Router:
         """Whether one of the question sentences of `text` names something routable on its own;
         with `asked_clause`, only the clause that asks counts, the last one of its sentence: in
         "torch.compile doesn't work on 2.5, any known issues?" the question names nothing. A first
-        line that asks ("Checkpoints on google drive?") is a title when the body asks too: the
-        body's questions are read instead."""
+        line that asks ("Checkpoints on google drive?") is a title: when a question of the body asks
+        about its topic again (shares a term with it), the body's questions are read instead."""
         sentences = [s for s in _SENTENCE.split(text) if s.strip()]
         questions = []
         for i, sentence in enumerate(sentences):
@@ -562,8 +562,8 @@ class Router:
         title = text.strip().split("\n")[0].strip()
         if questions and questions[0][0] == 0 and sentences[0].strip() == title:
             asked = set(terms(title, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED
-            if any(asked <= set(terms(q, self.synonyms, GLUE_WORDS)) for _, q in questions[1:]):
-                questions = questions[1:]  # the title's question is asked again, in full, by the body
+            if any(asked & set(terms(q, self.synonyms, GLUE_WORDS)) for _, q in questions[1:]):
+                questions = questions[1:]  # the body asks about the title's topic again, in its own words
         return any(self._names_routable(q) for _, q in questions[:MAX_QUESTIONS])
 
     def _names_routable(self, question: str) -> bool:
