@@ -31,8 +31,8 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   (figures in evals/routing/README.md). They are the target; the machine-written sets above are
   regression tests.
 - real_dev2.yaml (issue 24, third round): the dev half of a second real-post collection (new
-  sources only, `decline` only when the text shows it; /work/wt/realposts2 in the round's notes),
-  tuned on like real_dev; its test half is scored by the lead as aggregates only.
+  sources only, labelled from the text alone: `decline` only when the text shows it), tuned on
+  like real_dev; its test half is scored as aggregates only, with the router frozen.
 
 Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
 Measure the next change on a new set written by someone else.
