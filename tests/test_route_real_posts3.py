@@ -195,3 +195,9 @@ def test_scala_code_declines_on_sight(router: Router):
         "  protected var weightInitMethod: InitializationMethod = Zeros\n}\n```"
     )
     assert _first(router, query) == "decline"
+
+
+def test_a_training_log_line_is_not_mistaken_for_scala(router: Router):
+    """ "val loss: NaN" in a log is a validation loss, not a Scala declaration: the NaN is routed."""
+    query = "epoch 3: train loss: 0.41\nval loss: NaN\nwhy does my validation loss become nan?"
+    assert _first(router, query) == "debugging-techniques"
