@@ -30,6 +30,9 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   on real_dev only; real_test is scored as aggregates once per round, with the router frozen
   (figures in evals/routing/README.md). They are the target; the machine-written sets above are
   regression tests.
+- real_dev2.yaml (issue 24, third round): the dev half of a second real-post collection (new
+  sources only, labelled from the text alone: `decline` only when the text shows it), tuned on
+  like real_dev; its test half is scored as aggregates only, with the router frozen.
 
 Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
 Measure the next change on a new set written by someone else.

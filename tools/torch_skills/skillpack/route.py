@@ -9,33 +9,37 @@ skill, skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.
 hard-coded here.
 
 How it decides (deterministic; the phrase scores are the only ranking):
-0. Read: drop the "Not evidence" lines (a `collect_env` dump, issue-template headings, a drawn
-   `nvidia-smi` table); apply "Words users use"; stem. Score each skill: the idf-weighted share
-   of each of its phrases found in the post (from 50%), best phrases first with diminishing
-   weight, plus its single terms; a line that opens with one skill's error message word for
-   word counts for that skill only. A *symptom* is a symptom, error or example phrase found
-   (80%) through a word that is not a topic term (keywords, setup and topic words).
-1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a Keras
-   progress bar, `ttnn`, an import line), when an "Out of scope" topic's signs outweigh the
-   skills' evidence as its row says (a post that names PyTorch keeps the `unless` topics; one
-   that names a symptom keeps the `when it outweighs` ones: "explain why training is slow" is
-   profiling), or when an English post shows no ML word, no code name and no whole phrase.
+0. Read: fold full-width forms; drop the "Not evidence" lines (a `collect_env` dump, issue-
+   template headings, a drawn `nvidia-smi` table); apply "Words users use" (a CJK character is
+   a word); stem. Score each skill: the idf-weighted share of each of its phrases found in the
+   post (from 50%), best phrases first with diminishing weight, plus its single terms; a line
+   that opens with one skill's error message word for word counts for that skill only. A
+   *symptom* is a symptom, error or example phrase found (80%) through a word that is not a
+   topic term (keywords, setup and topic words).
+1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a
+   Keras progress bar, `ttnn`, an import line, a runtime's version in the post's environment),
+   when an "Out of scope" topic's signs outweigh the skills' evidence as its row says (a post
+   that names PyTorch keeps the `unless` topics; one that names a symptom keeps the `when it
+   outweighs` ones: "explain why training is slow" is profiling), or when an English post shows
+   no ML word, no code name and no whole phrase.
 2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
-   symptom and no API (a code name, `torch.gather`, one of whose parts is evidence) and: has no
-   evidence, or its evidence is one term ("checkpoint", "pretrained") or single words with no
-   phrase, or it says a vague phrasing, a help word or a setup list while none of its questions
-   names anything routable.
+   symptom and no API (a code name, `torch.gather`, `.contiguous()`, one of whose parts is
+   evidence) and: has no evidence, or its evidence is one term ("checkpoint") or single words
+   with no phrase, or it says a vague phrasing, a help word, a review phrase or a setup list
+   while none of its questions names anything routable (a question with a review phrase, which
+   includes questions to a project's authors, "is it as fast as the paper?", needs a symptom; a
+   title that asks gives way to a body question on its topic).
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
-   fires (its terms, each term's words together, outside file paths and other skills' pasted
-   messages; its first skill with its own evidence; the most specific row, then the one whose
-   first skill scores highest; "Common routing mistakes" is advice for agents, not a rule);
-   then the skills scoring FOLLOW_RATIO of the top, three at most.
+   fires (its terms, each term's words together, outside file paths, `name=value` settings and
+   other skills' pasted messages; its first skill with its own evidence; the most specific row,
+   then the one whose first skill scores highest; "Common routing mistakes" is advice for
+   agents, not a rule); then the skills scoring FOLLOW_RATIO of the top, three at most.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
-English is read: other languages get the clarifying question. A question about another
-framework that shows none of its signs is routed as if it were PyTorch. Truncation stemming
-conflates some words ('parametrize'/'parameter').
+English is read, and the Chinese symptom phrases of "Words users use": other languages get the
+clarifying question. A question about another framework that shows none of its signs is routed
+as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter').
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from torch_skills.skillpack.router import (
     RouterTable,
     parse_router,
 )
-from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, terms, tokens
+from torch_skills.skillpack.text import GLUE_WORDS, Synonyms, is_cjk, normalize, terms, tokens
 
 GENERIC_TOPIC = "Not machine learning"
 GENERIC_SAY = (
@@ -119,6 +123,8 @@ _TECHNICAL_YES_NO = re.compile(
     r"\b(?:is|are)\s+(?:it|this|that)\s+(?:ok|okay|fine|safe|correct|valid|legal)\s+to\b", re.I
 )
 _NUMBER = re.compile(r"^[\d.]+$")
+_METHOD_CALL = re.compile(r"\.([A-Za-z_]\w*)\(")  # a method written as a call: ').contiguous()'
+
 _BOX_LEAD = ("|", "+")  # lines of a drawn table (nvidia-smi)
 DEFAULT_QUESTION = "What goes wrong: an error message (paste it), out of memory, NaN loss, slow steps, or a loss that does not go down?"
 
@@ -320,7 +326,7 @@ class Router:
 
     def scores(self, query: str) -> tuple[dict[str, float], dict[str, list[str]], list[str]]:
         """(score per skill, matched phrases per skill, the query's terms in order)."""
-        found = self._evidence(query)
+        found = self._evidence(normalize(query))
         return found.scores, found.phrases, found.ordered
 
     def _evidence(self, query: str) -> _Evidence:
@@ -412,9 +418,9 @@ class Router:
 
     def _fired_rule(self, ordered: list[str], found: _Evidence) -> PrecedenceRule | None:
         """The most specific rule whose terms the query mentions and whose first skill has evidence
-        of its own: a share of the top score, and a symptom, error or example phrase (a keyword such
-        as "speed" in "loss decreases slowly" or a warning's "utilize" is not enough). A term of
-        several words is mentioned when they stand together ("scale underflows", not "scaler ...
+        of its own: a share of the top score (RULE_MIN_SHARE) and, for a one-condition rule, a
+        score of RULE_EVIDENCE without the words that fired it ("seed" alone is not enough). A term
+        of several words is mentioned when they stand together ("scale underflows", not "scaler ...
         prevent underflow")."""
         scores = found.scores
         top = max(scores.values(), default=0.0)
@@ -541,7 +547,9 @@ class Router:
     def _asks_routable_question(self, text: str, asked_clause: bool = False) -> bool:
         """Whether one of the question sentences of `text` names something routable on its own;
         with `asked_clause`, only the clause that asks counts, the last one of its sentence: in
-        "torch.compile doesn't work on 2.5, any known issues?" the question names nothing."""
+        "torch.compile doesn't work on 2.5, any known issues?" the question names nothing. A first
+        line that asks ("Checkpoints on google drive?") is a title: when a question of the body asks
+        about its topic again (shares a term with it), the body's questions are read instead."""
         sentences = [s for s in _SENTENCE.split(text) if s.strip()]
         questions = []
         for i, sentence in enumerate(sentences):
@@ -550,8 +558,13 @@ class Router:
             ask = _clauses(sentence)[-1] if asked_clause else sentence
             if i and not set(terms(ask, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED - _PRONOUN_ASK:
                 ask = sentences[i - 1] + " " + ask  # "How can I do that?" asks about the sentence before
-            questions.append(ask)
-        return any(self._names_routable(q) for q in questions[:MAX_QUESTIONS])
+            questions.append((i, ask))
+        title = text.strip().split("\n")[0].strip()
+        if questions and questions[0][0] == 0 and sentences[0].strip() == title:
+            asked = set(terms(title, self.synonyms, GLUE_WORDS)) - _ASKING - _ADDRESSED
+            if any(asked & set(terms(q, self.synonyms, GLUE_WORDS)) for _, q in questions[1:]):
+                questions = questions[1:]  # the body asks about the title's topic again, in its own words
+        return any(self._names_routable(q) for _, q in questions[:MAX_QUESTIONS])
 
     def _names_routable(self, question: str) -> bool:
         """Whether one question sentence names something routable on its own. A question that asks
@@ -587,7 +600,7 @@ class Router:
 
     # -- the answer -----------------------------------------------------------------------------
     def route(self, query: str) -> RouteResult:
-        posted = _truncate(query or "")
+        posted = normalize(_truncate(query or ""))
         query, ignored = self._drop_not_evidence(posted)
         found = self._evidence(query)
         scores, evidence = found.scores, found.phrases
@@ -673,14 +686,15 @@ class Router:
 
     def _names_api(self, text: str, evidence: set[str]) -> bool:
         """Whether `text` names an API the skill's evidence holds: an identifier written as code
-        (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`) one of whose parts is an evidence term."""
-        return any(
-            ("." in tok or "_" in tok)
-            and "/" not in tok
-            and not _NUMBER.match(tok)
-            and set(terms(tok, self.synonyms)) & evidence
+        (`torch.argmax`, `saved_tensors`, `clip_grad_norm_()`, a method call `x.permute(0, 2, 1)`)
+        one of whose parts is an evidence term."""
+        names = [
+            tok
             for tok in tokens(text)
-        )
+            if ("." in tok or "_" in tok) and "/" not in tok and not _NUMBER.match(tok)
+        ]
+        names += _METHOD_CALL.findall(text)
+        return any(set(terms(name, self.synonyms)) & evidence for name in names)
 
     def _names_no_ml(self, posted: str, found: _Evidence) -> bool:
         """Whether a post is about no machine learning at all ("What is the capital of France?"): it
@@ -787,6 +801,8 @@ def _words(text: str) -> list[str]:
     glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
     out = []
     for tok in tokens(_EMPHASIS.sub(" ", text.lower())):
+        if is_cjk(tok):
+            continue  # signs are Latin words: a CJK character between two must not push them apart
         out.append(tok)
         if _NUMBER.match(tok):
             continue  # a version ('12.4') is one word: split, it would push a sign's words apart
@@ -801,9 +817,12 @@ def _words(text: str) -> list[str]:
 
 
 def _unpath(m: re.Match[str]) -> str:
-    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places, not symptoms: blank them for rules."""
+    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places and settings ('seed=1234',
+    'deterministic=0' of a pasted config) name values, not symptoms: blank them for rules."""
     word = m.group(0)
     if word.startswith(("/", "~/", "./", "../")) or "\\" in word or word.count("/") >= 2:
+        return " "
+    if re.match(r"^[A-Za-z_]\w*=[^=]", word):
         return " "
     return word
 

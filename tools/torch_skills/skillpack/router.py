@@ -26,8 +26,9 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   request for help or review) and a `**Setup words:** a, b` line (hyper-parameter and hardware
   words that, next to a number, list a setup): either makes a symptomless post without a routable
   question vague. A `**Review words:** a, b` line holds phrases, small words kept ("review my",
-  "sanity check"), of a request for a review: a question that says one names nothing routable
-  without a symptom (its topic words are what it wants reviewed). A `**Topic words:** a, b` line
+  "sanity check"), of a request for a review or of a question to a project's authors about their
+  own work ("your repository", "as the paper"): a question that says one names nothing routable
+  without a symptom (its topic words are what it wants reviewed or told). A `**Topic words:** a, b` line
   holds words that name a setup, not a problem ("setup", "config"): with every skill's keywords
   and the setup words, a phrase matched only on them names no symptom.
 - `## Words users use` is a table `| Users write | Read it as |`: synonyms applied to the query.
@@ -40,8 +41,9 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   The `**ML words:**` line of that section lists words of machine learning at all: a question
   that shows none of them, no PyTorch sign and no route phrase is declined as not ML. A row whose
   "Declines" cell says `on sight` declines on any one sign, PyTorch named or not: code or log text
-  only another framework writes. Its signs may be regular expressions written `/.../`, matched
-  case-sensitively on the raw post (a Keras progress bar: `/\d+/\d+ \[=+/`).
+  only another framework writes. A row's signs may be regular expressions written `/.../`,
+  matched case-sensitively on the raw post (a Keras progress bar: `/\d+/\d+ \[=+/`; words apart,
+  "loss function" ... "paper", for a theory question).
 - `## Not evidence` is a table `| Lines starting with | Are |`: line prefixes (a pasted
   `collect_env` dump, issue-template headings) that route() drops before reading the query.
 

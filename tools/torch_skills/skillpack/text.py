@@ -8,6 +8,7 @@ Deterministic and dependency-free on purpose: routing must behave the same on ev
 from __future__ import annotations
 
 import re
+import unicodedata
 
 STOP_WORDS = frozenset(
     """a an the and or but if then else of to in on at by for with without from into onto over under
@@ -65,7 +66,23 @@ _VOWELS = "aeiou"
 
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_RAW_TOKEN = re.compile(r"[A-Za-z0-9_]+(?:[./\-][A-Za-z0-9_]+)*")
+# Chinese, Japanese and Korean characters: written without spaces, so each one is a token and the
+# "Words users use" table matches their runs ("不 下 降" -> "not learning"); unmatched ones are dropped
+CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+_RAW_TOKEN = re.compile(rf"[A-Za-z0-9_]+(?:[./\-][A-Za-z0-9_]+)*|[{CJK}]")
+_SCRIPT_BOUNDARY = re.compile(rf"(?<=[{CJK}])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=[{CJK}])")
+
+
+def normalize(text: str) -> str:
+    """The post as the router reads it: full-width forms folded (NFKC: '？' -> '?', '，' -> ','),
+    and a space where a Latin word and a CJK run touch ("loss一直" -> "loss 一直"), so that word
+    boundaries in the router's patterns (negations, signs) see the Latin word."""
+    return _SCRIPT_BOUNDARY.sub(" ", unicodedata.normalize("NFKC", text))
+
+
+def is_cjk(token: str) -> bool:
+    """Whether a token is one CJK character (see `tokens`)."""
+    return len(token) == 1 and re.match(f"[{CJK}]", token) is not None
 
 
 def _split_camel(word: str) -> str:
@@ -82,7 +99,7 @@ def tokens(text: str) -> list[str]:
     """Lower-cased word tokens; compound tokens ('torch.cuda.amp', 'multi-gpu') are kept whole.
 
     CamelCase identifiers become hyphenated compounds first ('ProcessGroupNCCL' ->
-    'process-group-nccl'), so their parts match like words.
+    'process-group-nccl'), so their parts match like words. A CJK character is a token of its own.
     """
     text = text.replace("\u2019", "'").replace("'", "")
     out = []
@@ -138,6 +155,8 @@ def terms(text: str, synonyms: Synonyms | None = None, stop_words: frozenset[str
         toks = synonyms.apply(toks)
     out = []
     for tok in toks:
+        if is_cjk(tok):
+            continue  # a character no synonym read: no router term is written in it
         for piece in expand(tok):
             if piece in stop_words and piece not in KEEP:
                 continue
