@@ -32,7 +32,8 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   regression tests.
 - real_dev2.yaml (issue 24, third round): the dev half of a second real-post collection (new
   sources only, labelled from the text alone: `decline` only when the text shows it), tuned on
-  like real_dev; its test half is scored as aggregates only, with the router frozen.
+  like real_dev; its test half, real_test2.yaml, is scored as aggregates only, with the router
+  frozen (first scored with the third round's router: its baseline).
 
 Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
 Measure the next change on a new set written by someone else.
