@@ -34,7 +34,8 @@ def kind_of(label: str) -> str:
 
 def main() -> None:
     second = {
-        row["id"]: row["label"] for row in yaml.safe_load((HERE / "labels" / "real_second_labels.yaml").read_text())
+        row["id"]: row["label"]
+        for row in yaml.safe_load((HERE / "labels" / "real_second_labels.yaml").read_text())
     }
     router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
     for name in ("real_dev", "real_test"):
