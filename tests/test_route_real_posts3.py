@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
-from torch_skills.skillpack.route import Router
+from torch_skills.skillpack.route import CLOSE_CALL, Router
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +201,13 @@ def test_a_training_log_line_is_not_mistaken_for_scala(router: Router):
     """ "val loss: NaN" in a log is a validation loss, not a Scala declaration: the NaN is routed."""
     query = "epoch 3: train loss: 0.41\nval loss: NaN\nwhy does my validation loss become nan?"
     assert _first(router, query) == "debugging-techniques"
+
+
+def test_a_close_call_between_two_skills_says_so_in_the_summary(router: Router):
+    """Under CLOSE_CALL confidence, with no precedence rule, the summary names the second skill as a
+    close call for the agent to weigh; a clear answer's summary does not."""
+    close = router.route("Should I use register_buffer or torch.save for the running mean?")
+    assert close.status == "routed" and close.confidence < CLOSE_CALL and close.rule is None
+    assert f"A close call with {close.skills[1]}" in close.summary
+    clear = router.route("torch.compile and bf16 autocast together: which order?")
+    assert clear.confidence >= CLOSE_CALL and "close call" not in clear.summary
