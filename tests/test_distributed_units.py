@@ -155,3 +155,20 @@ def test_a_global_batch_is_cut_into_equal_rank_shares_and_an_uneven_one_is_refus
     assert torch.equal(share[0], x[2:]) and torch.equal(share[1], y[2:])
     with pytest.raises(ValueError, match="multiple of 2"):
         shard_batch(torch.zeros(7, 2), 0, 2)
+
+
+def test_a_rank_that_died_of_a_signal_after_its_peer_exited_is_not_blamed():
+    """Rank 1 exited by itself; rank 0 died of a signal with no error of its own (once in CI on a busy
+    machine, where it is usually a 'Connection closed by peer' error): rank 1 is named, rank 0 stopped."""
+    ranks = [_rank(0, ok=False, signal=6), _rank(1, ok=False, exit_code=3)]
+    (finding,) = failure_findings(ranks)
+    assert (finding.code, finding.ranks) == ("rank_exited_early", [1])
+    assert "Ranks [0] were stopped" in finding.message
+
+
+def test_a_rank_that_died_of_a_signal_is_blamed_when_no_other_rank_failed_by_itself():
+    """Its peer only lost the connection: the crash is the failure."""
+    ranks = [_rank(0, ok=False, signal=6), _rank(1, ok=False, exit_code=1, error={"type": "RuntimeError",
+             "message": "Connection closed by peer"})]  # fmt: skip
+    (finding,) = failure_findings(ranks)
+    assert (finding.code, finding.ranks) == ("rank_crashed", [0])

@@ -134,6 +134,12 @@ def failure_findings(ranks: list[RankFiles]) -> list[DistributedFinding]:
     if not failed:
         return []
     culprits = [r for r in failed if not r.waited]
+    # A rank that died of a signal while another rank raised or exited by itself is counted as stopped
+    # with it: the peer going away is the likeliest cause (a collective library's C++ thread aborts on
+    # a closed connection, outside Python, so the rank leaves no error of its own). Were the crash its
+    # own, it shows again once the first failure is fixed.
+    if any(r.outcome() in ("error", "exited_early") for r in culprits):
+        culprits = [r for r in culprits if r.outcome() != "crashed"]
     if not culprits:  # every failed rank only waited on a peer: the one killed outside a collective hung
         culprits = [r for r in failed if r.error is None and r.exit.killed_for is not None] or failed
     findings = []
