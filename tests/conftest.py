@@ -13,6 +13,8 @@ from torch_skills.gradients.models import GradientRequest, GradientResult
 from torch_skills.gradients.worker import run as run_check_gradients
 from torch_skills.runner.child import JobContext
 from torch_skills.server import build_server
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
+from torch_skills.skillpack.route import Router
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
@@ -23,6 +25,12 @@ async def client() -> AsyncIterator[Client]:
     """An in-memory Client connected to build_server(); its warm worker is shared by all tests."""
     async with entered_in_own_task(lambda: Client(build_server(allow=[FIXTURES]))) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def router() -> Router:
+    """The router the server ships, built from the router skill's tables (tests/test_route*.py)."""
+    return Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
 
 
 @pytest.fixture

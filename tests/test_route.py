@@ -11,12 +11,6 @@ from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, ROUTER_NAME, Skill
 from torch_skills.skillpack.route import Router
 from torch_skills.skillpack.router import RouterFormatError, parse_router
 
-
-@pytest.fixture(scope="module")
-def router() -> Router:
-    return Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
-
-
 TERMS = "references/routing-terms.md"
 
 ROUTES = [

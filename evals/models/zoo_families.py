@@ -193,7 +193,7 @@ def mamba() -> nn.Module:
 
 
 def wav2vec2(layerdrop: float = 0.0) -> nn.Module:
-    """Wav2Vec2ForCTC without LayerDrop, so every step runs the same layers (a fixed memory peak)."""
+    """Wav2Vec2ForCTC; at the default layerdrop=0 every step runs the same layers (a fixed memory peak)."""
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
 
     return Wav2Vec2ForCTC(

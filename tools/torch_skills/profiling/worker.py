@@ -60,9 +60,9 @@ from torch_skills.profiling.trace import TraceSummary, profiled_pass
 from torch_skills.runner.errors import UserCodeError
 from torch_skills.runner.threads import load_average, run_threads, usable_cores
 
-# Profiler warm-up steps (on a CPU, on a GPU): the model is warm by then; CUPTI's tracing settles
-# over one step on a GPU, a CPU profiler needs none.
-PROFILER_WARMUP_STEPS = (0, 1)
+# Profiler warm-up steps per device type: the model is warm by then; CUPTI's tracing settles over
+# one step on a GPU, a CPU profiler needs none.
+PROFILER_WARMUP_STEPS = {"cpu": 0, "cuda": 1}
 WARMUP_BUDGET_S = 2.0  # warm-up stops past this (after 2 steps): the step is warm by then
 TIMING_BUDGET_S = 5.0  # timed steps stop past this (after MIN_TIMED_STEPS): a long step's median is stable
 PROFILE_BUDGET_S = 1.5  # profiled steps past this much step time add little: a long step is stable
@@ -70,13 +70,13 @@ MIN_PROFILED_STEPS = 2  # the work fraction is a median over the profiled steps:
 
 
 def _probe_first_step(runner: StepRunner) -> tuple[Probe, str | None]:
-    """The FLOP/byte/sync probe over the first step, which is the first warm-up step too; the
-    probe's error message when that step failed under it (an error of the step itself shows again
-    in the warm-up step that follows, without the probe)."""
+    """The FLOP/byte/sync probe over the first step, which is the first warm-up step too; the first
+    line of the probe's error when that step failed under it (an error of the step itself shows again
+    in the plain warm-up step that follows; if that step runs clean, the probe was at fault)."""
     try:
         return probe_step(runner, first_step=True), None
     except UserCodeError as exc:
-        return Probe.empty(), exc.message
+        return Probe.empty(), exc.message.splitlines()[0][:500]
 
 
 def profiled_steps(active_steps: int, step_time_s: float) -> int:
@@ -231,8 +231,6 @@ def _measure(request: ProfileRequest, job) -> _Measured:
         prior_steps=1,
         prior_s=probe_s,
     )
-    if probe_error is not None:  # the same step ran clean without the probe: the probe is at fault
-        probe_error = probe_error.splitlines()[0][:500]
     if on_gpu:
         peak_memory, memory_kind = torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
     else:
@@ -245,7 +243,7 @@ def _measure(request: ProfileRequest, job) -> _Measured:
     job.progress(4, STAGES, f"profiling {profiled} steps with torch.profiler")
     trace = profiled_pass(
         runner,
-        warmup=PROFILER_WARMUP_STEPS[device.type == "cuda"],
+        warmup=PROFILER_WARMUP_STEPS[device.type],
         active=profiled,
         small_op_s=SMALL_OP_FACTOR * cal.tiny_op_s,  # used where the profiled yardstick is missing (GPU)
         top_k=request.top_k,

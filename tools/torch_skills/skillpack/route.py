@@ -173,6 +173,11 @@ class RouteResult(BaseModel):
     )
     summary: str
 
+    @property
+    def label(self) -> str:
+        """The answer as the eval sets label a post: the first skill, 'clarify' or 'decline'."""
+        return {"clarify": "clarify", "out_of_scope": "decline"}.get(self.status) or self.skills[0]
+
 
 @dataclass(frozen=True)
 class _Phrase:
