@@ -34,6 +34,10 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   sources only, labelled from the text alone: `decline` only when the text shows it), tuned on
   like real_dev; its test half, real_test2.yaml, is scored as aggregates only, with the router
   frozen (first scored with the third round's router: its baseline).
+- real_test3.yaml (issue 24, sixth round): 203 posts of a third collection (new sources only,
+  labelled from the text alone, no split), read by nobody tuning the router and first scored
+  once with the sixth round's frozen router: its baseline. The four sets above were all read
+  in that round.
 
 Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
 Measure the next change on a new set written by someone else.
