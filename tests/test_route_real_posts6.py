@@ -125,3 +125,60 @@ def test_lua_torch_and_tensorflow_logs_decline_on_sight(router: Router, query: s
 def test_a_chinese_post_that_says_training_is_extremely_slow_is_a_profiling_question(router: Router):
     """极慢 ("extremely slow") is read as slow."""
     assert _first(router, "M1芯片上用mps训练速度极慢，比cpu还慢") == "performance-profiling"
+
+
+@pytest.mark.parametrize(
+    ("query", "skill"),
+    [
+        (
+            "CPU RAM increases gradually during training: after each epoch the RAM fills up a bit more until "
+            "the process is killed. Could you please give me some tips?",
+            "tensor-operations-and-memory",
+        ),
+        (
+            "The memory usage of GPU number 0 is twice that of the other GPUs. Is this normal? Thanks for any "
+            "advice!",
+            "distributed-training-strategies",
+        ),
+        (
+            "I trained the encoder-decoder model from the book, but the model produces the same output whatever "
+            "the input sentence is. Any idea?",
+            "debugging-techniques",
+        ),
+    ],
+)
+def test_a_symptom_told_in_the_users_words_is_routed_despite_a_polite_request_for_help(
+    router: Router, query: str, skill: str
+):
+    """A symptom phrase found in part ("RAM fills up a bit more after each epoch") names the problem,
+    so "any advice?" does not turn the post into a vague one."""
+    assert _first(router, query) == skill
+
+
+def test_a_vague_post_that_shares_words_with_an_error_message_still_gets_the_question(router: Router):
+    """Words of a pasted error ("not implemented for 'BFloat16'") found in part are not a symptom told."""
+    query = "our bf16 run is not the same since we switched clusters, llama 7B, same lr. any known issues?"
+    assert _first(router, query) == "clarify"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Problems with installation of the CUDA extension of this repo:\n  error: subprocess-exited-with-error\n"
+        "  Failed building wheel for torch-scatter",
+        "Adam gives NaN with Float16 because eps is too small\n```julia\nusing Optimisers\nx = Float16[0.5, 0.7]\n```",
+    ],
+)
+def test_a_failed_package_build_or_julia_code_declines(router: Router, query: str):
+    """A pip build failure is an install question; a code block marked julia is another framework."""
+    assert _first(router, query) == "decline"
+
+
+def test_deepcopy_of_a_model_that_fails_on_non_leaf_tensors_is_a_module_question(router: Router):
+    """copy.deepcopy(model) refusing non-leaf tensors is about what the module keeps as attributes,
+    not a general Python question about imports."""
+    query = (
+        "RuntimeError: Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
+        "at the moment\nRan with all the usual imports:\n```\nimport copy\ncopy.deepcopy(model)\n```"
+    )
+    assert _first(router, query) == "module-design-patterns"

@@ -15,7 +15,8 @@ How it decides (deterministic; the phrase scores are the only ranking):
    post (from 50%), best phrases first with diminishing weight, plus its single terms; a line
    that opens with one skill's error message word for word counts for that skill only. A
    *symptom* is a symptom, error or example phrase found (80%) through a word that is not a
-   topic term (keywords, setup and topic words).
+   topic term (keywords, setup and topic words); it is *described* when a symptom or example
+   phrase found in part (from 50%) through such a word scores SYMPTOM_MIN ("RAM grows a bit").
 1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a
    Keras progress bar, `ttnn`, an import line, a runtime's version in the post's environment),
    when an "Out of scope" topic's signs outweigh the skills' evidence as its row says (a post
@@ -23,12 +24,13 @@ How it decides (deterministic; the phrase scores are the only ranking):
    outweighs` ones: "explain why training is slow" is profiling), or when an English post shows
    no ML word, no code name and no whole phrase.
 2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
-   symptom and no API (a code name, `torch.gather`, `.contiguous()`, one of whose parts is
-   evidence) and: has no evidence, or its evidence is one term ("checkpoint") or single words
-   with no phrase, or it says a vague phrasing, a help word, a review phrase or a setup list
-   while none of its questions names anything routable (a question with a review phrase, which
-   includes questions to a project's authors, "is it as fast as the paper?", needs a symptom; a
-   title that asks gives way to a body question on its topic).
+   symptom (found or described) and no API (a code name, `torch.gather`, `.contiguous()`, one
+   of whose parts is evidence) and: has no evidence, or its evidence is one term
+   ("checkpoint") or single words with no phrase, or it says a vague phrasing, a help word, a
+   review phrase or a setup list while none of its questions names anything routable (a
+   question with a review phrase, which includes questions to a project's authors, "is it as
+   fast as the paper?", needs a symptom; a title that asks gives way to a body question on its
+   topic).
 3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
    fires (its terms, each term's words together, outside file paths, `name=value` settings and
    other skills' pasted messages; its first skill with its own evidence; the most specific row,
@@ -87,6 +89,9 @@ RULE_MIN_SHARE = {True: 0.25, False: 0.6}
 SYMPTOM_MIN = 1.5
 SYMPTOM_COVERAGE = 0.8  # ... and that phrase is (nearly) all there
 SYMPTOM_KINDS = ("symptoms", "errors", "examples")
+# a symptom in the user's own words ("RAM grows a bit every epoch") matches a symptom or example
+# phrase in part (from MIN_COVERAGE); a pasted error matches word for word or not at all
+DESCRIBED_KINDS = ("symptoms", "examples")
 RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the rule's own words
 # Out of scope: how much of the best skill score a topic's signs must reach to decline. A topic
 # that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
@@ -193,10 +198,16 @@ class _Evidence:
     phrases: dict[str, list[str]]  # skill -> the router phrases it matched, best first
     ordered: list[str]  # the query's terms, in order
     symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
+    described: dict[str, float]  # skill -> best symptom or example phrase found in part (MIN_COVERAGE)
     pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
     terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
     whole: set[str]  # skills with a phrase (nearly) all there, at SYMPTOM_COVERAGE
     around_pasted: set[str]  # loose terms on the lines of pasted messages, not the messages' own
+
+
+def _diminishing(scores: list[float]) -> float:
+    """The best score counts fully, the next ones less and less (the best six)."""
+    return sum(s / (1 + i) for i, s in enumerate(sorted(scores, reverse=True)[:6]))
 
 
 def _truncate(query: str) -> str:
@@ -333,7 +344,7 @@ class Router:
             reverse=True,
         )
         term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
-        return sum(s / (1 + i) for i, s in enumerate(hits[:6])) + term_score
+        return _diminishing(hits) + term_score
 
     def scores(self, query: str) -> tuple[dict[str, float], dict[str, list[str]], list[str]]:
         """(score per skill, matched phrases per skill, the query's terms in order)."""
@@ -348,6 +359,7 @@ class Router:
         hit_terms: dict[str, set[str]] = {s: set() for s in self.table.routes}
         whole: set[str] = set()
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
+        described: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
         around: set[str] = set()
         seen = self._seen_by_skill(query, qset, ordered)
@@ -359,12 +371,11 @@ class Router:
                 hit_terms[phrase.skill].update(t for t in phrase.terms if t in q_set and not _NUMBER.match(t))
                 if coverage >= SYMPTOM_COVERAGE:
                     whole.add(phrase.skill)
-                if (
-                    phrase.kind in SYMPTOM_KINDS
-                    and coverage >= SYMPTOM_COVERAGE
-                    and any(t in q_set and t not in self.topic_terms for t in phrase.terms)
-                ):
+                told = [t for t in phrase.terms if t in q_set and t not in self.topic_terms]
+                if phrase.kind in SYMPTOM_KINDS and told and coverage >= SYMPTOM_COVERAGE:
                     symptom[phrase.skill] = max(symptom[phrase.skill], s)
+                if phrase.kind in DESCRIBED_KINDS and set(told) - NEGATED:
+                    described[phrase.skill] = max(described[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
                     around |= self._line_terms(query, phrase)
@@ -372,7 +383,7 @@ class Router:
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
             # diminishing returns: the best phrase counts fully, the next ones less and less
-            phrase_score = sum(s / (1 + i) for i, (s, _) in enumerate(hits[:6]))
+            phrase_score = _diminishing([s for s, _ in hits])
             # a bare number ('2' of a version 2.3.1, '10' of CIFAR-10) is context, not a term of a skill
             own = {t for t in seen.get(skill, (ordered, qset))[1] & self.vocab[skill] if not _NUMBER.match(t)}
             term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in own)
@@ -380,7 +391,7 @@ class Router:
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
         around -= set().union(*pasted.values())
-        return _Evidence(scores, evidence, ordered, symptom, pasted, hit_terms, whole, around)
+        return _Evidence(scores, evidence, ordered, symptom, described, pasted, hit_terms, whole, around)
 
     def _seen_by_skill(
         self, query: str, qset: set[str], ordered: list[str]
@@ -630,7 +641,11 @@ class Router:
             topic, oos, signs = OutOfScopeTopic(GENERIC_TOPIC, [], "outweighs", GENERIC_SAY, 0), 1.0, []
         # a symptom is PyTorch engineering: "explain why my training is slow" is not a theory question
         prose = _without_code(query)
-        symptom = max(self._evidence(prose).symptom.values() if prose != query else found.symptom.values())
+        in_prose = self._evidence(prose) if prose != query else found
+        symptom = max(in_prose.symptom.values())
+        # a symptom told in the user's words, a phrase found in part ("RAM increases gradually",
+        # "GPU 0 uses twice the memory of the others"), names a problem as well
+        described = max(in_prose.described.values())
         if topic is not None and topic.declines == "outweighs" and symptom >= SYMPTOM_MIN:
             topic = None
         if topic is not None and oos >= OUTWEIGHS[topic.declines] * top:
@@ -647,7 +662,11 @@ class Router:
 
         # 2. ask first: no symptom (in the prose: pasted code is context) and no concrete question
         question, vagueness = self._vague_question(qset, found.ordered)
-        concrete = symptom >= SYMPTOM_MIN or self._names_api(prose, found.terms[ranked[0]])
+        concrete = (
+            symptom >= SYMPTOM_MIN
+            or described >= SYMPTOM_MIN
+            or self._names_api(prose, found.terms[ranked[0]])
+        )
         if (
             (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
             or not concrete
