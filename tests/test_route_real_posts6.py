@@ -182,3 +182,31 @@ def test_deepcopy_of_a_model_that_fails_on_non_leaf_tensors_is_a_module_question
         "at the moment\nRan with all the usual imports:\n```\nimport copy\ncopy.deepcopy(model)\n```"
     )
     assert _first(router, query) == "module-design-patterns"
+
+
+@pytest.mark.parametrize(
+    ("query", "skill"),
+    [
+        (
+            "Memory leaks during training: nvidia-smi shows GPU memory growing each epoch; checkpoint is saved "
+            "each epoch.",
+            "tensor-operations-and-memory",
+        ),
+        (
+            "My 13B model doesn't fit on one 80GB GPU even with batch 1. How do I split it across 4 GPUs: "
+            "tensor parallel or FSDP?",
+            "distributed-training-strategies",
+        ),
+    ],
+)
+def test_precedence_rows_that_only_lost_answers_on_real_posts_are_gone(
+    router: Router, query: str, skill: str
+):
+    """Three precedence rows are gone ("fits" with a GPU word, memory with a checkpoint word, a hang
+    with a save): on 797 routable real posts they fixed no answer and lost six."""
+    assert _first(router, query) == skill
+
+
+def test_gpu_utilization_that_fluctuates_is_a_profiling_question(router: Router):
+    """Utilization that swings between high and zero ("利用率不稳定", "波动") is measured first."""
+    assert _first(router, "训练时GPU利用率不稳定，在10%-80%之间来回波动") == "performance-profiling"
