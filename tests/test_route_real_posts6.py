@@ -210,3 +210,20 @@ def test_precedence_rows_that_only_lost_answers_on_real_posts_are_gone(
 def test_gpu_utilization_that_fluctuates_is_a_profiling_question(router: Router):
     """Utilization that swings between high and zero ("利用率不稳定", "波动") is measured first."""
     assert _first(router, "训练时GPU利用率不稳定，在10%-80%之间来回波动") == "performance-profiling"
+
+
+@pytest.mark.parametrize(
+    ("query", "skill"),
+    [
+        ("mixed_precision=fp16 doesn't work during training?", "mixed-precision-and-optimization"),
+        (
+            "Pinned memory, non-blocking copy doesn't seem to work. Pinned memory and non-blocking transfer "
+            "doesn't work.\n\nimport torch\nx = torch.randn((1024, 1024), pin_memory=True)\ny = x.cuda(non_blocking=True)",
+            "performance-profiling",
+        ),
+    ],
+)
+def test_doesnt_work_or_any_ideas_about_a_named_feature_is_routed(router: Router, query: str, skill: str):
+    """ "doesn't work", "any ideas" and "suggestions" are how real posts about a named feature end: on
+    the real posts they asked the question on routable posts and caught no vague one."""
+    assert _first(router, query) == skill
