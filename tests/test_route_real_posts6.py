@@ -227,3 +227,29 @@ def test_doesnt_work_or_any_ideas_about_a_named_feature_is_routed(router: Router
     """ "doesn't work", "any ideas" and "suggestions" are how real posts about a named feature end: on
     the real posts they asked the question on routable posts and caught no vague one."""
     assert _first(router, query) == skill
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "ResourceExhaustedError: OOM when allocating tensor with shape[1,666,1000,64] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+    ],
+)
+def test_a_tensorflow_allocator_error_declines(router: Router, query: str):
+    """TensorFlow's device path and its ResourceExhaustedError are another framework's OOM."""
+    assert _first(router, query) == "decline"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "training time\nHi, thanks for your interesting work. Can you provide the training time on different "
+        "datasets based on your used GPU?",
+        "About the embedding\nHi, great job! Would you mind sharing the code or pipeline for training the embedding?",
+    ],
+)
+def test_asking_the_authors_to_provide_or_share_something_gets_the_question(router: Router, query: str):
+    """ "can you provide" and "would you mind sharing" ask a project's authors for their material: no
+    problem of the asker's to route."""
+    assert _first(router, query) == "clarify"
