@@ -14,11 +14,6 @@ import yaml
 
 from torch_skills.skillpack.route import Router
 
-
-def _first(router: Router, query: str) -> str:
-    return router.route(query).label
-
-
 SETS = Path(__file__).resolve().parents[1] / "evals" / "routing"
 
 
@@ -58,7 +53,7 @@ CONCRETE_QUESTIONS = [
 @pytest.mark.parametrize(("query", "skill"), CONCRETE_QUESTIONS)
 def test_a_concrete_api_question_is_routed_not_asked_about(router: Router, query: str, skill: str):
     """A post that names an API and what it does wrong is routed, never given the clarifying question."""
-    assert _first(router, query) == skill
+    assert router.route(query).label == skill
 
 
 @pytest.mark.parametrize(
@@ -98,7 +93,7 @@ def test_reproducing_a_papers_numbers_is_vague_not_determinism(router: Router, q
 def test_run_to_run_differences_with_a_fixed_seed_are_still_determinism(router: Router):
     """The reproducibility skill keeps what is its: the same seed giving different results."""
     query = "with the same seed I get different val accuracy every run, cudnn.deterministic is set"
-    assert _first(router, query) == "checkpointing-and-reproducibility"
+    assert router.route(query).label == "checkpointing-and-reproducibility"
 
 
 @pytest.mark.parametrize(
@@ -149,12 +144,12 @@ def test_a_non_english_post_gets_the_question_not_a_decline(router: Router):
 )
 def test_a_slow_training_post_that_says_explain_is_not_theory(router: Router, query: str):
     """A named symptom outweighs a theory word: "explain why my training is slow" is profiling."""
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 def test_a_theory_question_still_declines(router: Router):
     """Without a symptom, "explain the intuition" stays a theory question."""
-    assert _first(router, "explain the intuition behind batch normalization") == "decline"
+    assert router.route("explain the intuition behind batch normalization").label == "decline"
 
 
 @pytest.mark.parametrize(
@@ -171,7 +166,7 @@ def test_a_theory_question_still_declines(router: Router):
 )
 def test_data_pipeline_correctness_goes_to_the_input_pipeline_reference(router: Router, query: str):
     """Worker sharding, collate_fn, worker seeding and shared-memory crashes route to profiling."""
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 @pytest.mark.parametrize(
@@ -188,7 +183,7 @@ def test_data_pipeline_correctness_goes_to_the_input_pipeline_reference(router: 
 )
 def test_torch_that_cannot_see_the_gpu_goes_to_debugging(router: Router, query: str):
     """A CPU wheel, a GPU newer than the build or a ROCm override: debugging, not an install decline."""
-    assert _first(router, query) == "debugging-techniques"
+    assert router.route(query).label == "debugging-techniques"
 
 
 @pytest.mark.parametrize(
@@ -202,7 +197,7 @@ def test_torch_that_cannot_see_the_gpu_goes_to_debugging(router: Router, query: 
 )
 def test_driver_installs_and_a_failing_nvidia_smi_stay_declined(router: Router, query: str):
     """Installing drivers or PyTorch itself is outside the pack."""
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_the_distributed_row_runs_check_distributed_first(router: Router):
@@ -218,7 +213,7 @@ def test_a_question_that_points_back_asks_about_the_sentence_before_it(router: R
         "I have a tiny dataset and want to train only the last layer, with every other layer frozen. "
         "How can I do that? Any help is appreciated."
     )
-    assert _first(router, query) == "module-design-patterns"
+    assert router.route(query).label == "module-design-patterns"
 
 
 DDP_REENTRANT = (
@@ -266,7 +261,7 @@ def test_timing_a_custom_layer_is_profiling(router: Router):
         "I benchmark my custom attention layer with time.time() around the call and it says 0.02 ms, yet "
         "the whole model got slower. How do I time it properly?"
     )
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 def test_saving_a_deepspeed_zero3_model_starts_with_checkpointing_by_a_precedence_row(router: Router):
@@ -300,7 +295,7 @@ def test_a_precedence_term_of_several_words_needs_them_together(router: Router):
 )
 def test_compiled_outputs_that_differ_from_eager_start_with_debugging(router: Router, query: str):
     """A compiled model whose outputs differ from eager takes the compile-mismatch precedence row."""
-    assert _first(router, query) == "debugging-techniques"
+    assert router.route(query).label == "debugging-techniques"
 
 
 def test_a_loss_that_does_not_decrease_reads_as_a_loss_that_does_not_go_down(router: Router):
@@ -317,7 +312,7 @@ def test_choosing_between_sgd_and_adam_is_an_optimizer_question(router: Router):
         "If I choose SGD as in your example the reconstruction is fine, but if I choose Adam at lr=5 it "
         "looks bad. Any suggestion for getting the same quality with Adam?"
     )
-    assert _first(router, query) == "mixed-precision-and-optimization"
+    assert router.route(query).label == "mixed-precision-and-optimization"
 
 
 def test_a_pasted_message_filled_with_values_is_still_read_word_for_word(router: Router):

@@ -11,10 +11,6 @@ import pytest
 from torch_skills.skillpack.route import CLOSE_CALL, Router
 
 
-def _first(router: Router, query: str) -> str:
-    return router.route(query).label
-
-
 @pytest.mark.parametrize(
     ("query", "skill"),
     [
@@ -26,12 +22,12 @@ def _first(router: Router, query: str) -> str:
 def test_a_chinese_post_is_read_by_its_symptom_phrase(router: Router, query: str, skill: str):
     """A Chinese symptom phrase ("loss 不下降", "显存不足") is read as the English one, also when a
     Latin word is glued to it."""
-    assert _first(router, query) == skill
+    assert router.route(query).label == skill
 
 
 def test_a_latin_word_glued_to_a_cjk_run_keeps_its_word_boundary(router: Router):
     """Keras code right after a Chinese word is still seen: the script boundary is a word boundary."""
-    assert _first(router, "用了model.compile(optimizer='adam')之后报错了，怎么办？") == "decline"
+    assert router.route("用了model.compile(optimizer='adam')之后报错了，怎么办？").label == "decline"
 
 
 def test_a_post_filed_with_another_runtime_declines_though_the_model_came_from_pytorch(router: Router):
@@ -43,7 +39,7 @@ def test_a_post_filed_with_another_runtime_declines_though_the_model_came_from_p
         "fp16 model returns NaN while the fp32 one is correct. It is also slower than PyTorch.\n\n"
         "- ONNX Runtime version: 1.16\n- OS: Ubuntu 22.04\n"
     )
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
@@ -51,7 +47,7 @@ def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
     query = (
         "torch.onnx.export gives NaN outputs in onnxruntime after I switched the model to fp16 with autocast"
     )
-    assert _first(router, query) != "decline"
+    assert router.route(query).label != "decline"
 
 
 @pytest.mark.parametrize(
@@ -66,7 +62,7 @@ def test_exporting_from_pytorch_to_another_runtime_stays_routed(router: Router):
 def test_a_question_to_a_repositorys_authors_about_their_work_is_asked_about(router: Router, query: str):
     """Asking the authors for their weights or their paper's speed names a topic word, not a
     problem of the asker's: it gets the clarifying question, not a route on "checkpoint" or "speed"."""
-    assert _first(router, query) == "clarify"
+    assert router.route(query).label == "clarify"
 
 
 def test_a_measurement_of_the_askers_own_run_next_to_the_paper_stays_routed(router: Router):
@@ -75,7 +71,7 @@ def test_a_measurement_of_the_askers_own_run_next_to_the_paper_stays_routed(rout
         "Great work! My training is much slower than the paper: each epoch takes 3 hours on one "
         "A100 and GPU utilization stays at 20%."
     )
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 def test_a_loss_that_fluctuates_after_resuming_starts_with_checkpointing(router: Router):
@@ -85,7 +81,7 @@ def test_a_loss_that_fluctuates_after_resuming_starts_with_checkpointing(router:
         "Since I resumed from the step-50k checkpoint the train loss variance is much larger than "
         "before. Is this expected? Any advice welcome."
     )
-    assert _first(router, query) == "checkpointing-and-reproducibility"
+    assert router.route(query).label == "checkpointing-and-reproducibility"
 
 
 def test_an_inference_time_of_the_askers_own_run_is_a_latency_question(router: Router):
@@ -96,7 +92,7 @@ def test_an_inference_time_of_the_askers_own_run_is_a_latency_question(router: R
         "image, different from the paper. Is post-processing counted? How do I count the full "
         "inference time?"
     )
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 def test_a_title_that_asks_gives_way_to_the_question_of_the_body(router: Router):
@@ -107,7 +103,7 @@ def test_a_title_that_asks_gives_way_to_the_question_of_the_body(router: Router)
         "the model checkpoints on Google Drive? I cannot download the pretrained weights from the "
         "current host."
     )
-    assert _first(router, query) == "clarify"
+    assert router.route(query).label == "clarify"
 
 
 def test_settings_in_a_pasted_config_do_not_fire_a_precedence_row(router: Router):
@@ -120,7 +116,7 @@ def test_settings_in_a_pasted_config_do_not_fire_a_precedence_row(router: Router
         "seed=1234, ckpt='checkpoint/sam_vit_b.pth', warmup=True, max_epochs=200)\n"
         "[09:40:27] 185 iterations per epoch. 37000 max iterations\n"
     )
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 @pytest.mark.parametrize(
@@ -134,7 +130,7 @@ def test_settings_in_a_pasted_config_do_not_fire_a_precedence_row(router: Router
 )
 def test_a_post_in_another_frameworks_own_words_declines(router: Router, query: str):
     """GluonNLP's log and Julia's ReverseDiff name other frameworks: decline, whatever the symptom."""
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_a_driver_that_is_too_old_is_a_driver_install_question(router: Router):
@@ -146,7 +142,7 @@ def test_a_driver_that_is_too_old_is_a_driver_install_question(router: Router):
         "https://pytorch.org to install a PyTorch version that has been compiled with your version of "
         "the CUDA driver."
     )
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_a_method_written_as_a_call_is_a_concrete_api_question(router: Router):
@@ -156,7 +152,7 @@ def test_a_method_written_as_a_call_is_a_concrete_api_question(router: Router):
         "permute and contiguous\ncan someone tell me what `feats.append(head(x).permute(0, 2, 3, 1)"
         ".contiguous())` does? I dont understand what permute and contiguous do"
     )
-    assert _first(router, query) == "tensor-operations-and-memory"
+    assert router.route(query).label == "tensor-operations-and-memory"
 
 
 def test_a_loss_formula_compared_with_the_papers_is_a_theory_question(router: Router):
@@ -165,20 +161,20 @@ def test_a_loss_formula_compared_with_the_papers_is_a_theory_question(router: Ro
         "Loss function differs from the paper\nThanks for the great work! The loss function in the "
         "code uses the squared error of (x - z), but eq. 3 of the paper has a 1/lambda^2 coefficient."
     )
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_create_graph_reads_as_a_double_backward_question(router: Router):
     """`create_graph=True` is how a double backward is asked for: custom-autograd, not CUDA graphs."""
     query = "question: about create_graph\nWhy is the create_graph attr set to True in this case?"
-    assert _first(router, query) == "custom-autograd-functions"
+    assert router.route(query).label == "custom-autograd-functions"
 
 
 def test_a_title_whose_topic_the_body_does_not_ask_about_stays_the_question(router: Router):
     """A concrete title ("How do I resume training from a checkpoint?") is the post's question when
     the body only asks "Any tips?"."""
     query = "How do I resume training from a checkpoint?\nI only keep the model weights now. Any tips?"
-    assert _first(router, query) == "checkpointing-and-reproducibility"
+    assert router.route(query).label == "checkpointing-and-reproducibility"
 
 
 def test_scala_code_declines_on_sight(router: Router):
@@ -187,13 +183,13 @@ def test_scala_code_declines_on_sight(router: Router):
         "setInitMethod has no effect on submodules\n```\ntrait Initializable {\n"
         "  protected var weightInitMethod: InitializationMethod = Zeros\n}\n```"
     )
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_a_training_log_line_is_not_mistaken_for_scala(router: Router):
     """ "val loss: NaN" in a log is a validation loss, not a Scala declaration: the NaN is routed."""
     query = "epoch 3: train loss: 0.41\nval loss: NaN\nwhy does my validation loss become nan?"
-    assert _first(router, query) == "debugging-techniques"
+    assert router.route(query).label == "debugging-techniques"
 
 
 def test_a_close_call_between_two_skills_says_so_in_the_summary(router: Router):

@@ -12,10 +12,6 @@ import pytest
 from torch_skills.skillpack.route import Router
 
 
-def _first(router: Router, query: str) -> str:
-    return router.route(query).label
-
-
 @pytest.mark.parametrize(
     ("query", "skill"),
     [
@@ -39,7 +35,7 @@ def _first(router: Router, query: str) -> str:
 def test_speed_as_a_goal_does_not_make_a_post_a_slowness_question(router: Router, query: str, skill: str):
     """ "speed" or "faster" said as what a feature brings is not a complaint about a slow run: the
     slowness precedence rows need a complaint (slow, throughput, GPU util, "no faster")."""
-    assert _first(router, query) == skill
+    assert router.route(query).label == skill
 
 
 @pytest.mark.parametrize(
@@ -51,7 +47,7 @@ def test_speed_as_a_goal_does_not_make_a_post_a_slowness_question(router: Router
 )
 def test_a_complaint_about_a_slow_run_still_starts_with_profiling(router: Router, query: str):
     """A run that is slower, or no faster, with DDP, AMP or compile is measured first."""
-    assert _first(router, query) == "performance-profiling"
+    assert router.route(query).label == "performance-profiling"
 
 
 @pytest.mark.parametrize(
@@ -66,19 +62,19 @@ def test_a_complaint_about_a_slow_run_still_starts_with_profiling(router: Router
 def test_comparing_sgd_with_adam_is_an_optimizer_question(router: Router, query: str):
     """A post that asks why one optimizer works and the other does not is about the optimizer setup,
     though it describes a loss that does not go down or diverges."""
-    assert _first(router, query) == "mixed-precision-and-optimization"
+    assert router.route(query).label == "mixed-precision-and-optimization"
 
 
 def test_trying_both_optimizers_on_a_stuck_loss_stays_a_debugging_question(router: Router):
     """Naming both optimizers as things already tried is not a comparison of them."""
     query = "Loss stuck at 2.30 on CIFAR-10 whatever I do; tried lr 0.1 to 1e-4 with SGD and Adam. What else can I check?"
-    assert _first(router, query) == "debugging-techniques"
+    assert router.route(query).label == "debugging-techniques"
 
 
 def test_memory_that_is_imbalanced_across_gpus_is_a_distributed_question(router: Router):
     """The first GPU holding twice the memory of the others is how DataParallel gathers outputs."""
     query = "GPU memory imbalance: on 4 cards the first GPU uses much more memory than the others. Any idea?"
-    assert _first(router, query) == "distributed-training-strategies"
+    assert router.route(query).label == "distributed-training-strategies"
 
 
 def test_a_model_left_partly_on_the_cpu_after_cuda_is_a_module_question(router: Router):
@@ -87,7 +83,7 @@ def test_a_model_left_partly_on_the_cpu_after_cuda_is_a_module_question(router: 
         "Model can't be moved to another device after inference: copies of the conv weights are kept on the "
         "cpu and stay there after model.cuda()."
     )
-    assert _first(router, query) == "module-design-patterns"
+    assert router.route(query).label == "module-design-patterns"
 
 
 @pytest.mark.parametrize(
@@ -99,13 +95,13 @@ def test_a_model_left_partly_on_the_cpu_after_cuda_is_a_module_question(router: 
 def test_whether_an_op_is_differentiable_is_a_custom_autograd_question(router: Router, query: str):
     """Whether gradients flow through an op, and checking a backward numerically, are the custom
     autograd skill's (gradcheck)."""
-    assert _first(router, query) == "custom-autograd-functions"
+    assert router.route(query).label == "custom-autograd-functions"
 
 
 def test_a_failing_torch_export_is_a_debugging_question(router: Router):
     """torch.export failing on a model names a failure to find, not a checkpoint or a precision question."""
     query = "torch.export fails on the model after upgrading torch; it worked with the previous release."
-    assert _first(router, query) == "debugging-techniques"
+    assert router.route(query).label == "debugging-techniques"
 
 
 @pytest.mark.parametrize(
@@ -119,12 +115,12 @@ def test_a_failing_torch_export_is_a_debugging_question(router: Router):
 def test_lua_torch_and_tensorflow_logs_decline_on_sight(router: Router, query: str):
     """Lua Torch7 (`require 'cutorch'`, the `th>` prompt, its tensor printout) and TensorFlow's device
     names are other frameworks, though the words read like PyTorch's."""
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_a_chinese_post_that_says_training_is_extremely_slow_is_a_profiling_question(router: Router):
     """极慢 ("extremely slow") is read as slow."""
-    assert _first(router, "M1芯片上用mps训练速度极慢，比cpu还慢") == "performance-profiling"
+    assert router.route("M1芯片上用mps训练速度极慢，比cpu还慢").label == "performance-profiling"
 
 
 @pytest.mark.parametrize(
@@ -152,13 +148,13 @@ def test_a_symptom_told_in_the_users_words_is_routed_despite_a_polite_request_fo
 ):
     """A symptom phrase found in part ("RAM fills up a bit more after each epoch") names the problem,
     so "any advice?" does not turn the post into a vague one."""
-    assert _first(router, query) == skill
+    assert router.route(query).label == skill
 
 
 def test_a_vague_post_that_shares_words_with_an_error_message_still_gets_the_question(router: Router):
     """Words of a pasted error ("not implemented for 'BFloat16'") found in part are not a symptom told."""
     query = "our bf16 run is not the same since we switched clusters, llama 7B, same lr. any known issues?"
-    assert _first(router, query) == "clarify"
+    assert router.route(query).label == "clarify"
 
 
 @pytest.mark.parametrize(
@@ -171,7 +167,7 @@ def test_a_vague_post_that_shares_words_with_an_error_message_still_gets_the_que
 )
 def test_a_failed_package_build_or_julia_code_declines(router: Router, query: str):
     """A pip build failure is an install question; a code block marked julia is another framework."""
-    assert _first(router, query) == "decline"
+    assert router.route(query).label == "decline"
 
 
 def test_deepcopy_of_a_model_that_fails_on_non_leaf_tensors_is_a_module_question(router: Router):
@@ -181,7 +177,7 @@ def test_deepcopy_of_a_model_that_fails_on_non_leaf_tensors_is_a_module_question
         "RuntimeError: Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
         "at the moment\nRan with all the usual imports:\n```\nimport copy\ncopy.deepcopy(model)\n```"
     )
-    assert _first(router, query) == "module-design-patterns"
+    assert router.route(query).label == "module-design-patterns"
 
 
 @pytest.mark.parametrize(
@@ -204,12 +200,12 @@ def test_precedence_rows_that_only_lost_answers_on_real_posts_are_gone(
 ):
     """Three precedence rows are gone ("fits" with a GPU word, memory with a checkpoint word, a hang
     with a save): on 797 routable real posts they fixed no answer and lost six."""
-    assert _first(router, query) == skill
+    assert router.route(query).label == skill
 
 
 def test_gpu_utilization_that_fluctuates_is_a_profiling_question(router: Router):
     """Utilization that swings between high and zero ("利用率不稳定", "波动") is measured first."""
-    assert _first(router, "训练时GPU利用率不稳定，在10%-80%之间来回波动") == "performance-profiling"
+    assert router.route("训练时GPU利用率不稳定，在10%-80%之间来回波动").label == "performance-profiling"
 
 
 @pytest.mark.parametrize(
@@ -226,19 +222,16 @@ def test_gpu_utilization_that_fluctuates_is_a_profiling_question(router: Router)
 def test_doesnt_work_or_any_ideas_about_a_named_feature_is_routed(router: Router, query: str, skill: str):
     """ "doesn't work", "any ideas" and "suggestions" are how real posts about a named feature end: on
     the real posts they asked the question on routable posts and caught no vague one."""
-    assert _first(router, query) == skill
+    assert router.route(query).label == skill
 
 
-@pytest.mark.parametrize(
-    "query",
-    [
-        "ResourceExhaustedError: OOM when allocating tensor with shape[1,666,1000,64] and type float on "
-        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
-    ],
-)
-def test_a_tensorflow_allocator_error_declines(router: Router, query: str):
+def test_a_tensorflow_allocator_error_declines(router: Router):
     """TensorFlow's device path and its ResourceExhaustedError are another framework's OOM."""
-    assert _first(router, query) == "decline"
+    query = (
+        "ResourceExhaustedError: OOM when allocating tensor with shape[1,666,1000,64] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"
+    )
+    assert router.route(query).label == "decline"
 
 
 @pytest.mark.parametrize(
@@ -252,4 +245,4 @@ def test_a_tensorflow_allocator_error_declines(router: Router, query: str):
 def test_asking_the_authors_to_provide_or_share_something_gets_the_question(router: Router, query: str):
     """ "can you provide" and "would you mind sharing" ask a project's authors for their material: no
     problem of the asker's to route."""
-    assert _first(router, query) == "clarify"
+    assert router.route(query).label == "clarify"

@@ -205,9 +205,9 @@ class _Evidence:
     around_pasted: set[str]  # loose terms on the lines of pasted messages, not the messages' own
 
 
-def _diminishing(scores: list[float]) -> float:
-    """The best score counts fully, the next ones less and less (the best six)."""
-    return sum(s / (1 + i) for i, s in enumerate(sorted(scores, reverse=True)[:6]))
+def _diminishing(best_first: list[float]) -> float:
+    """The best score counts fully, the next ones less and less (the best six; sorted by the caller)."""
+    return sum(s / (1 + i) for i, s in enumerate(best_first[:6]))
 
 
 def _truncate(query: str) -> str:
