@@ -5,8 +5,9 @@ Run (on a machine with a CUDA device; needs torch, and pydantic/mcp/pytest or th
 
     python bench/gpu_check.py --out /tmp/gpu            # everything, about 6 minutes on one H100
     python bench/gpu_check.py --out /tmp/gpu --dry      # CPU plumbing check: 2 memory cases, 1 profile case
+    python bench/gpu_check.py --out /tmp/gpu --phases tests,memory --budget-s 300   # some phases, in this order
 
-Writes OUT/gpu_check.json and OUT/gpu_check.md.
+Writes OUT/gpu_check.json, OUT/gpu_check.md and the GPU-marked tests' whole log, OUT/gpu_tests.log.
 
 Memory: each case runs in a fresh process (an empty caching allocator, no cuBLAS workspace yet), eight at a
 time (each process has its own allocator counters, so they do not disturb each other). A case first runs
@@ -46,6 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / "bench" / "gpu" / "build" / "wheels"
 MiB = 2**20
+# Each phase's share of --budget-s, renormalized over the phases still to run (memory runs 8 cases at a time).
+PHASE_SHARES = {"memory": 0.42, "profile": 0.13, "blocks": 0.23, "tests": 0.5}
 ALLOC_GOAL, RESERVED_GOAL = 0.03, 0.10  # issue 28: allocated within 3%, reserved within 10%
 MEM = "tests/fixtures/memory_models.py"
 EZ = "evals/models/zoo.py"
@@ -288,8 +291,8 @@ def memory_phase(cases: list[dict], device: str, deadline: float, workers: int) 
         except subprocess.TimeoutExpired:
             return dict(case, error=f"timed out after {limit:.0f} s")
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-        if p.returncode != 0 or not lines:
-            return dict(case, error=(p.stderr or p.stdout)[-1500:])
+        if p.returncode != 0 or not lines:  # a signal's death leaves no traceback: say the exit status
+            return dict(case, error=(p.stderr + p.stdout)[-1500:] + f"\n(exit status {p.returncode})")
         return json.loads(lines[-1])
 
     with cf.ThreadPoolExecutor(workers) as pool:
@@ -379,7 +382,8 @@ def profile_phase(cases: list[dict], device: str, deadline: float) -> list[dict]
 
 
 # -- GPU-marked tests -----------------------------------------------------------------------------
-def gpu_tests(env: dict, timeout: float) -> dict:
+def gpu_tests(env: dict, timeout: float, log: Path) -> dict:
+    """Run the GPU-marked tests verbosely into `log` (whole), so a run cut short still shows each test that ended."""
     listed = subprocess.run(
         ["grep", "-rln", "mark.gpu", "tests"], capture_output=True, text=True, cwd=REPO
     ).stdout
@@ -387,17 +391,24 @@ def gpu_tests(env: dict, timeout: float) -> dict:
     if not (env["pytest"] and env["mcp"]):
         return {"status": "not run", "reason": f"pytest={env['pytest']} mcp={env['mcp']} on this machine",
                 "files": files}  # fmt: skip
-    try:
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
-                           capture_output=True, text=True, timeout=timeout, cwd=REPO)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {"status": "timed out", "files": files}
-    return {"status": f"exit {p.returncode}", "files": files, "tail": p.stdout[-3000:]}
+    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "--durations=15", "-m", "gpu", "-p", "no:cacheprovider",
+           *files]  # fmt: skip
+    with log.open("w") as sink:
+        p = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        try:
+            status = f"exit {p.wait(timeout=timeout)}"
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            status = f"timed out after {timeout:.0f} s"
+    text = log.read_text(errors="replace")
+    return {"status": status, "files": files, "tail": text[-3000:], "log": log.name}
 
 
-def skill_blocks(timeout: float) -> dict:
-    """The skills' CUDA-only blocks, each run as a script (bench/gpu/skillblocks.py, one JSON line per block)."""
-    cmd = [sys.executable, str(REPO / "bench" / "gpu" / "skillblocks.py")]
+def skill_blocks(timeout: float, only: list[str]) -> dict:
+    """The skills' CUDA-only blocks, each run as a script (bench/gpu/skillblocks.py, one JSON line per block);
+    `only`: substrings of the blocks' places to run (all when empty)."""
+    cmd = [sys.executable, str(REPO / "bench" / "gpu" / "skillblocks.py"), *only]
     status = None
     try:
         env = dict(
@@ -507,7 +518,7 @@ def markdown(report: dict) -> str:
             lines += ["", f"{x['block']}:", "```", x["detail"][-800:], "```"]
     t = report["gpu_tests"]
     lines += ["", "## GPU-marked tests", "", f"{t['status']}" + (f": {t['reason']}" if "reason" in t else ""),
-              "", "Files: " + ", ".join(t["files"])]  # fmt: skip
+              "", "Files: " + ", ".join(t["files"]) + (f" (whole log: {t['log']})" if "log" in t else "")]  # fmt: skip
     if "tail" in t:
         lines += ["", "```", t["tail"][-1500:], "```"]
     return "\n".join(lines) + "\n"
@@ -523,7 +534,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=380.0, help="stop starting cases after this")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--phases", default="memory,profile,blocks,tests",
-                    help="comma-separated subset of memory,profile,blocks,tests (a rerun of what failed)")  # fmt: skip
+                    help="comma-separated subset of memory,profile,blocks,tests, run in this order, each with its "
+                         "share of --budget-s (a rerun of what failed)")  # fmt: skip
+    ap.add_argument(
+        "--blocks",
+        nargs="*",
+        default=[],
+        help="run only the CUDA blocks whose place (file:line) holds one of these substrings",
+    )
     ap.add_argument("--device", default=None)
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)
     ap.add_argument("--profile-cases", help=argparse.SUPPRESS)
@@ -550,40 +568,46 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    phases = set(args.phases.split(","))
-    mcases = memory_cases(cuda, env["transformers"]) if "memory" in phases else []
-    if not cuda:
-        mcases = [c for c in mcases if c["name"] in ("mlp", "tiny_gpt")][:3]
-    mem_deadline = time.monotonic() + (0.42 if cuda else 0.6) * args.budget_s
+    phases = [x for x in args.phases.split(",") if x]
+    unknown = set(phases) - set(PHASE_SHARES)
+    if unknown:
+        raise SystemExit(f"unknown phases {sorted(unknown)}: choose from {sorted(PHASE_SHARES)}")
     report = {"environment": env, "pydantic": pyd, "device": device, "wall_s": 0.0, "memory": [], "profile": [],
-              "gpu_tests": {"status": "not run yet", "files": []},
-              "skill_blocks": {"status": "not run yet", "blocks": []}}  # fmt: skip
+              "gpu_tests": {"status": "not run: not asked", "files": []},
+              "skill_blocks": {"status": "not run: not asked", "blocks": []}}  # fmt: skip
 
     def write() -> None:  # after every phase, so a run cut short still leaves its figures
         report["wall_s"] = time.time() - start
         (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
         (out / "gpu_check.md").write_text(markdown(report))
 
-    report["memory"] = memory_phase(mcases, device, mem_deadline, args.workers if cuda else 2)
-    write()
-    print(
-        f"memory: {sum('error' not in r for r in report['memory'])}/{len(mcases)} cases at {time.time() - start:.0f} s",
-        flush=True,
-    )
-    pcases = profile_cases(cuda) if "profile" in phases else []
-    report["profile"] = profile_phase(pcases, device, start + 0.55 * args.budget_s) if pcases else []
-    write()
-    print(f"profile: done at {time.time() - start:.0f} s", flush=True)
-    report["skill_blocks"] = (
-        skill_blocks(max(10.0, start + 0.78 * args.budget_s - time.time()))
-        if cuda and "blocks" in phases
-        else {"status": "not run: " + ("no CUDA device" if not cuda else "not asked"), "blocks": []}
-    )
-    write()
-    print(f"skill blocks: {report['skill_blocks']['status']} at {time.time() - start:.0f} s", flush=True)
-    if "tests" in phases:
-        report["gpu_tests"] = gpu_tests(env, max(10.0, start + args.budget_s + 20 - time.time()))
-    write()
+    for i, phase in enumerate(phases):  # in the order asked: the first gets its share first
+        left = start + args.budget_s - time.time()
+        share = PHASE_SHARES[phase] / sum(PHASE_SHARES[x] for x in phases[i:])
+        deadline = time.time() + max(10.0, share * left)
+        if phase == "memory":
+            mcases = memory_cases(cuda, env["transformers"])
+            if not cuda:
+                mcases = [c for c in mcases if c["name"] in ("mlp", "tiny_gpt")][:3]
+            mono = time.monotonic() + (deadline - time.time()) - 90  # a case started late still gets 90 s
+            report["memory"] = memory_phase(mcases, device, mono, args.workers if cuda else 2)
+            done = sum("error" not in r for r in report["memory"])
+            status = f"{done}/{len(mcases)} cases"
+        elif phase == "profile":
+            report["profile"] = profile_phase(profile_cases(cuda), device, deadline)
+            status = f"{sum('error' not in r for r in report['profile'])} cases"
+        elif phase == "blocks":
+            report["skill_blocks"] = (
+                skill_blocks(max(10.0, deadline - time.time()), args.blocks)
+                if cuda
+                else {"status": "not run: no CUDA device", "blocks": []}
+            )
+            status = report["skill_blocks"]["status"]
+        else:
+            report["gpu_tests"] = gpu_tests(env, max(10.0, deadline - time.time()), out / "gpu_tests.log")
+            status = report["gpu_tests"]["status"]
+        write()
+        print(f"{phase}: {status} at {time.time() - start:.0f} s", flush=True)
     print((out / "gpu_check.md").read_text())
 
 

@@ -85,3 +85,16 @@ def test_every_payload_really_runs_when_loaded_the_usual_way(tmp_path):
     while time.monotonic() < deadline and not all(s.executed() for s in copy.malicious):
         time.sleep(0.2)
     assert [s.name for s in copy.malicious if not s.executed()] == []
+
+
+def test_the_corpus_writes_cpu_tensors_whatever_the_default_device(tmp_path):
+    """Built while another default device is set (a CUDA test in the same process once left cuda:0), the files
+    still hold real CPU tensors: here 'meta', whose tensors have no data to write."""
+    import torch
+
+    with torch.device("meta"):
+        corpus = build_corpus(tmp_path)
+    state = torch.load(
+        next(s.path for s in corpus.benign if s.name == "plain_state_dict"), weights_only=True
+    )
+    assert all(t.device.type == "cpu" for t in state.values())

@@ -209,6 +209,9 @@ def test_on_a_gpu_a_real_lstm_step_records_the_cudnn_workspace():
         zoo.build_lstm, zoo.lstm_inputs, mean_loss, spec, device="cuda", batch_size=16, fake=False
     )
     assert any(tag == OP and value.op == "_cudnn_rnn (kernel scratch)" for tag, value in trace.events)
+    # A CUDA trace in this process must leave the default device as it found it: on an H200 run a later
+    # test in the same process built its model on cuda:0 (tests/fixtures/checkpoint_corpus.py).
+    assert torch.get_default_device().type == "cpu" and torch._C._len_torch_function_stack() == 0
 
 
 def test_the_weight_transposes_of_a_deep_copied_encoder_are_views_not_new_memory():

@@ -3,6 +3,7 @@
 Used by bench/gpu_check.py; by hand on a CUDA machine:
 
     python bench/gpu/skillblocks.py            # prints one JSON line per block as it ends: block, passed, seconds, detail
+    python bench/gpu/skillblocks.py export-and-inference   # only blocks whose file:line holds one of the arguments
 
 On CPU the test suite only compiles these blocks (torch_skills.skillpack.codeblocks); here each one runs
 in a fresh process in a temporary folder with a timeout, the way a reader would paste it. A block tagged
@@ -33,9 +34,15 @@ TIMEOUT_S = 90
 PARALLEL = 4
 
 
-def cuda_blocks():
-    """The blocks tagged `cuda` and not `torchrun`."""
-    return [b for b in python_blocks([DEFAULT_SKILLS_DIR]) if "cuda" in b.tags and "torchrun" not in b.tags]
+def place(block) -> str:
+    """'skill/file.md:line', how results name a block."""
+    return f"{block.file.relative_to(DEFAULT_SKILLS_DIR).as_posix()}:{block.line}"
+
+
+def cuda_blocks(only: list[str] | None = None):
+    """The blocks tagged `cuda` and not `torchrun`; with `only`, those whose place holds one of its substrings."""
+    blocks = [b for b in python_blocks([DEFAULT_SKILLS_DIR]) if "cuda" in b.tags and "torchrun" not in b.tags]
+    return [b for b in blocks if not only or any(s in place(b) for s in only)]
 
 
 def needs_a_launcher(block) -> bool:
@@ -47,7 +54,7 @@ def needs_a_launcher(block) -> bool:
 
 def run_block(block) -> dict:
     """Run one block as a script; passed when it exits 0 (or raises the named exception)."""
-    where = f"{block.file.relative_to(DEFAULT_SKILLS_DIR).as_posix()}:{block.line}"
+    where = place(block)
     if needs_a_launcher(block):
         return {
             "block": where,
@@ -69,12 +76,13 @@ def run_block(block) -> dict:
     out = (p.stdout[-400:] + "\n" + (err[cut:] if cut >= 0 else err)[-1600:]).strip()
     expected_failure = block.raises is not None and p.returncode != 0 and block.raises in p.stderr
     passed = expected_failure if block.raises else p.returncode == 0
-    return {"block": where, "passed": passed, "seconds": round(time.monotonic() - start, 2), "detail": out}
+    return {"block": where, "passed": passed, "seconds": round(time.monotonic() - start, 2), "exit": p.returncode,
+            "detail": f"exit {p.returncode}\n{out}"}  # fmt: skip
 
 
 def main() -> None:
     with cf.ThreadPoolExecutor(PARALLEL) as pool:
-        for done in cf.as_completed([pool.submit(run_block, b) for b in cuda_blocks()]):
+        for done in cf.as_completed([pool.submit(run_block, b) for b in cuda_blocks(sys.argv[1:])]):
             print(json.dumps(done.result()), flush=True)  # a run cut short still leaves the blocks that ended
 
 
