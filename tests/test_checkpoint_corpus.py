@@ -94,7 +94,5 @@ def test_the_corpus_writes_cpu_tensors_whatever_the_default_device(tmp_path):
 
     with torch.device("meta"):
         corpus = build_corpus(tmp_path)
-    state = torch.load(
-        next(s.path for s in corpus.benign if s.name == "plain_state_dict"), weights_only=True
-    )
+    state = torch.load(next(s.path for s in corpus.benign if s.name == "plain_state_dict"), weights_only=True)
     assert all(t.device.type == "cpu" for t in state.values())

@@ -492,7 +492,8 @@ class Router:
         """The query without the lines the "Not evidence" table names, and how many were dropped.
 
         An HTML comment (an issue template's guidance) is dropped too, and so is a whole block of
-        box-drawn lines (starting with '|' or '+', as `nvidia-smi` prints) when one of its lines is."""
+        box-drawn lines (starting with '|' or '+', as `nvidia-smi` prints) when one of its lines is,
+        and a progress bar's line (its rate is how fast it ran, not a complaint)."""
         if not self.table.not_evidence:
             return query, 0
         query = _HTML_COMMENT.sub("", query)
@@ -501,7 +502,12 @@ class Router:
         for line in lines:
             key = " ".join(_LINE_LEAD.sub("", line.strip()).lower().split())  # nvidia-smi pads with spaces
             drop.append(
-                bool(key) and (key.startswith(self._line_prefixes) or key.rstrip(" :.!?*_") in self._headings)
+                bool(key)
+                and (
+                    key.startswith(self._line_prefixes)
+                    or key.rstrip(" :.!?*_") in self._headings
+                    or _PROGRESS_LINE.search(line) is not None
+                )
             )
         start = 0
         while start < len(lines):  # box-drawn blocks go whole with any line of theirs
@@ -756,6 +762,9 @@ _CODE_LINE = re.compile(
     r"return\b|with .+:|try:|except\b|@\w|[\w.\[\]'\"]+(?:\s*,\s*[\w.\[\]'\"]+)*\s*[-+*/]?=[^=]|"
     r"[\w.]+\(.*\)\s*$|[)\]}]+,?\s*$|#)"
 )
+
+# a progress bar's line (tqdm: "45%|####5     | 9/20 [00:03<00:04, 2.61it/s]") shows a rate, not a complaint
+_PROGRESS_LINE = re.compile(r"\d+%\|[^|\n]*\|\s*\d+/\d+")
 
 
 def _without_code(text: str) -> str:
