@@ -533,7 +533,9 @@ def main() -> None:
     ap.add_argument(
         "--dry", action="store_true", help="CPU plumbing check: two memory cases, one profile case"
     )
-    ap.add_argument("--budget-s", type=float, default=380.0, help="stop starting cases after this")
+    ap.add_argument(
+        "--budget-s", type=float, default=380.0, help="seconds for all phases, shared by PHASE_SHARES"
+    )
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--phases", default="memory,profile,blocks,tests",
                     help="comma-separated subset of memory,profile,blocks,tests, run in this order, each with its "
