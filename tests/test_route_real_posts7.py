@@ -81,3 +81,11 @@ def test_asking_when_weights_will_be_published_is_a_request_to_the_authors(route
         "also working on a similar model with a large batch and limited GPU memory. Can you tell me when?"
     )
     assert router.route(query).label == "clarify"
+
+
+def test_a_reproduction_of_a_papers_results_said_in_chinese_asks_what_differs(router: Router):
+    """复现结果 ('my reproduced results') is a comparison with a paper's numbers, the clarifying
+    question, even when it says the results differ (结果不一样), which alone reads as 'different
+    results', not as run-to-run randomness (seen on real_test8 after the eleventh round)."""
+    query = "复现结果不一样怎么办\n我的复现结果比论文里的低了5个点，请问是什么原因？"
+    assert router.route(query).label == "clarify"
