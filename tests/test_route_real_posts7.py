@@ -89,3 +89,10 @@ def test_a_reproduction_of_a_papers_results_said_in_chinese_asks_what_differs(ro
     results', not as run-to-run randomness (seen on real_test8 after the eleventh round)."""
     query = "复现结果不一样怎么办\n我的复现结果比论文里的低了5个点，请问是什么原因？"
     assert router.route(query).label == "clarify"
+
+
+def test_a_post_about_a_papers_findings_is_machine_learning_not_off_topic(router: Router):
+    """'the paper' is an ML word here: a request about reproducing a paper's findings gets the
+    clarifying question, not the 'not machine learning at all' decline."""
+    query = "can not reproduce the findings of the paper\nCould you provide a script for reproducing them?"
+    assert router.route(query).label == "clarify"
