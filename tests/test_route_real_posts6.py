@@ -90,6 +90,7 @@ def test_a_model_left_partly_on_the_cpu_after_cuda_is_a_module_question(router: 
     "query",
     [
         "How can I check my backward implementation with finite differences?",
+        "Is torch.round differentiable, or do I need a straight-through estimator?",
     ],
 )
 def test_whether_an_op_is_differentiable_is_a_custom_autograd_question(router: Router, query: str):
