@@ -38,9 +38,9 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   labelled from the text alone, no split), read by nobody tuning the router and first scored
   once with the sixth round's frozen router: its baseline. The four sets above were all read
   in that round.
-- real_test4.yaml ... real_test7.yaml (issue 24, rounds seven to ten): 159, 166, 176 and 182
-  posts of a fourth to seventh collection, the same way, each first scored once with its round's
-  frozen router (its baseline); the set before it was read in that round.
+- real_test4.yaml ... real_test8.yaml (issue 24, rounds seven to eleven): 159, 166, 176, 182
+  and 125 posts of a fourth to eighth collection, the same way, each first scored once with its
+  round's frozen router (its baseline); the set before it was read in that round.
 
 Every set is scored by the shipped router (it learns nothing from the sets: no labelled examples).
 Measure the next change on a new set written by someone else.
