@@ -89,7 +89,10 @@ class RankFiles:
 
     @property
     def ok(self) -> bool:
-        return self.result is not None and self.exit.exit_code == 0
+        """The rank wrote its result and exited cleanly, or was stopped only after writing it."""
+        return self.result is not None and (
+            self.exit.exit_code == 0 or self.exit.killed_for == "after_result"
+        )
 
     @property
     def waited(self) -> bool:

@@ -13,7 +13,11 @@ rank without a deadline:
   exit, then they are killed (`killed_for="after_failure"`);
 - when no rank writes anything (status, collective log) for twice the process group's timeout,
   every rank still running is killed (`killed_for="hang"`). Ranks blocked in a collective time out
-  on their own first (the process group's `timeout=` is `hang_timeout_s`).
+  on their own first (the process group's `timeout=` is `hang_timeout_s`);
+- a rank that has written its result but has not exited GRACE_S after every other rank is done
+  is killed without blame (`killed_for="after_result"`): its work is complete and on disk, so the
+  findings count it as ok. Tearing down a process group can stall on a shared store, and that
+  stall says nothing about the user's step.
 
 Known limitations: a rank that computes silently for longer than 2 * hang_timeout_s (a very large
 model on CPU) is taken for hung; raise hang_timeout_s for such models.
@@ -39,7 +43,7 @@ class RankExit:
     pid: int
     exit_code: int | None
     signal: int | None
-    killed_for: str | None  # None | "hang" | "after_failure"
+    killed_for: str | None  # None | "hang" | "after_failure" | "after_result"
     seconds: float
 
 
@@ -57,9 +61,11 @@ def _activity(plan: Plan, world: int) -> tuple:
 
 
 def _failed(plan: Plan, rank: int, status: int) -> bool:
-    return not (
-        os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and plan.path(rank, "result.json").exists()
-    )
+    return not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and _has_result(plan, rank))
+
+
+def _has_result(plan: Plan, rank: int) -> bool:
+    return plan.path(rank, "result.json").exists()
 
 
 def launch(plan: Plan) -> list[RankExit]:
@@ -87,6 +93,7 @@ def _supervise(plan: Plan, pids: dict[int, int], started: float, stall_s: float)
     exits: dict[int, RankExit] = {}
     killed: dict[int, str] = {}
     first_failure: float | None = None
+    all_done: float | None = None  # when every rank had exited or written its result
     activity, last_activity = _activity(plan, world), time.monotonic()
     while len(exits) < world:
         for pid, rank in pids.items():
@@ -112,9 +119,14 @@ def _supervise(plan: Plan, pids: dict[int, int], started: float, stall_s: float)
         current = _activity(plan, world)
         if current != activity:
             activity, last_activity = current, now
+        running = [r for r in pids.values() if r not in exits]
+        if all_done is None and running and all(_has_result(plan, r) for r in running):
+            all_done = now
         reason = None
         if first_failure is not None and now - first_failure > GRACE_S:
             reason = "after_failure"
+        elif all_done is not None and now - all_done > GRACE_S:
+            reason = "after_result"
         elif now - last_activity > stall_s:
             reason = "hang"
         if reason is not None:

@@ -355,7 +355,9 @@ class Rank:
             self.result["peak_memory_bytes"] = max(0, peak - start_rss)
         self.status("finished")
         _write_json(self.plan.path(self.rank, "result.json"), self.result)
-        dist.destroy_process_group()
+        # No destroy_process_group(): rank_main ends the process with os._exit right after, every
+        # collective has completed, and tearing the group down can stall on the shared FileStore
+        # (the last rank out deletes it while a peer's threads still read it).
 
     def loss_of(self, inner: nn.Module, output: Any, batch: Any) -> tuple[torch.Tensor, str]:
         return compute_loss(self.request, self.plan.cwd, self.plan.roots, output, batch, inner)
