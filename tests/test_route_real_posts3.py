@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
+from torch_skills.skillpack.post_model import PostModel
 from torch_skills.skillpack.route import CLOSE_CALL, Router
 
 
@@ -192,11 +194,32 @@ def test_a_training_log_line_is_not_mistaken_for_scala(router: Router):
     assert router.route(query).label == "debugging-techniques"
 
 
-def test_a_close_call_between_two_skills_says_so_in_the_summary(router: Router):
-    """Under CLOSE_CALL confidence, with no precedence rule, the summary names the second skill as a
-    close call for the agent to weigh; a clear answer's summary does not."""
-    close = router.route("Should I use register_buffer or torch.save for the running mean?")
-    assert close.status == "routed" and close.confidence < CLOSE_CALL and close.rule is None
+def test_a_close_call_between_two_skills_says_so_in_the_summary():
+    """Under CLOSE_CALL confidence (the post model's probability for its first skill) the summary
+    names the second skill as a close call for the agent to weigh; a clear answer's summary does not.
+    Two stand-in models over the shipped skills: one with no preference, one sure of debugging."""
+    router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
+    skills = router.post_model.skills
+    query = "loss becomes NaN after a few hundred steps and the gradients explode"
+
+    def model(bias: list[float]) -> PostModel:
+        flat = [[0.0] * len(skills) for _ in skills]
+        return PostModel.from_json(
+            {
+                "skills": list(skills),
+                "bias": bias,
+                "score_weights": flat,
+                "terms": {},
+                "score_scale": 3.0,
+                "trained_on": 0,
+            }
+        )
+
+    router.post_model = model([0.0] * len(skills))
+    close = router.route(query)
+    assert close.status == "routed" and close.confidence < CLOSE_CALL and len(close.skills) > 1
     assert f"A close call with {close.skills[1]}" in close.summary
-    clear = router.route("torch.compile and bf16 autocast together: which order?")
-    assert clear.confidence >= CLOSE_CALL and "close call" not in clear.summary
+    router.post_model = model([8.0 if s == "debugging-techniques" else 0.0 for s in skills])
+    clear = router.route(query)
+    assert clear.skills[0] == "debugging-techniques" and clear.confidence >= CLOSE_CALL
+    assert "close call" not in clear.summary

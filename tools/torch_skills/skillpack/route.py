@@ -5,10 +5,12 @@ Use `Router.from_pack(pack).route("loss becomes NaN with fp16")` -> `RouteResult
 the post names no symptom), `reason` (why it is out of scope), `evidence` (the router phrases each
 skill matched), `scores`, `tools` and `confidence`. Everything it knows comes from the router
 skill, skills/using-pytorch-engineering/ (SKILL.md and references/routing-terms.md; see
-`router.py` for the structure): edit those files to change routing; nothing about PyTorch is
-hard-coded here.
+`router.py` for the structure), except the order of skills for a routed post, which a small model
+learned from labelled real posts (step 3). Edit those files to change routing, then retrain
+the model (`python -m evals.post_model_training`: the phrase scores are its inputs); nothing about
+PyTorch is hard-coded here.
 
-How it decides (deterministic; the phrase scores are the only ranking):
+How it decides (deterministic):
 0. Read: fold full-width forms; drop the "Not evidence" lines (a `collect_env` dump, issue-
    template headings, a drawn `nvidia-smi` table, a progress bar); apply "Words users use" (a
    CJK character is a word); stem. Score each skill: the idf-weighted share of each of its
@@ -32,12 +34,13 @@ How it decides (deterministic; the phrase scores are the only ranking):
    question with a review phrase, which includes questions to a project's authors, "is it as
    fast as the paper?", needs a symptom; a title that asks gives way to a body question on its
    topic).
-3. Otherwise route: the skill with the highest phrase score first, unless a "Precedence" row
-   fires (its terms, each term's words together, outside file paths, `name=value` settings and
-   other skills' pasted messages; its first skill with its own evidence; the most specific row,
-   then the one whose first skill scores highest; "Common routing mistakes" is advice for
-   agents, not a rule); then the skills scoring FOLLOW_RATIO of the top, three at most. Under
-   CLOSE_CALL confidence, with no row, the summary calls the first two a close call.
+3. Otherwise route: the first skill is the post model's (`post_model.py`: logistic regression
+   over the post's words and the eight phrase scores, learned from the labelled real posts in
+   evals/routing; it replaced the precedence rows, which lost more right answers than they won on
+   posts nobody had tuned on); then the skills scoring FOLLOW_RATIO of the top phrase score, three
+   at most. `confidence` is the model's probability for the first skill; under CLOSE_CALL the
+   summary calls the first two a close call. The "Precedence" and "Common routing mistakes"
+   tables are advice for agents.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
@@ -57,9 +60,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
+from torch_skills.skillpack.post_model import PostModel
 from torch_skills.skillpack.router import (
     OutOfScopeTopic,
-    PrecedenceRule,
     RouterFormatError,
     RouterTable,
     parse_router,
@@ -76,15 +79,10 @@ KIND_WEIGHT = {"errors": 1.6, "keywords": 1.0, "symptoms": 1.2, "examples": 0.8}
 MIN_COVERAGE = 0.5
 MIN_EVIDENCE = 1.0  # below this best score the query is too vague to route
 TERM_WEIGHT = 0.35  # weight of single distinctive terms, next to whole phrases
-FOLLOW_RATIO = 0.45  # a second skill is listed when it scores this share of the first
-# Below this confidence (and with no precedence rule) the first two skills are a close call, and the
-# summary says so. Chosen on the dev halves (first skill right on 45/56 routed posts under 0.5, 168/172
-# above); on the frozen test halves it was right on 20 of 34 close calls (26 had it among the first
-# two) and on 223 of 247 other routed posts.
+FOLLOW_RATIO = 0.45  # after the first skill, the skills whose phrase score is this share of the top
+# Below this probability the post model's first skill is a close call (it is more likely wrong
+# than right), and the summary says so when a second skill is listed.
 CLOSE_CALL = 0.5
-# A precedence rule reorders only when its first skill has this share of the top score; a rule with
-# a single condition ("nan" -> debugging) needs more evidence than one with two ("nan" + "amp").
-RULE_MIN_SHARE = {True: 0.25, False: 0.6}
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
 # phrase (not just topic keywords) scores at least this much ("names a symptom").
 SYMPTOM_MIN = 1.5
@@ -93,7 +91,6 @@ SYMPTOM_KINDS = ("symptoms", "errors", "examples")
 # a symptom in the user's own words ("RAM grows a bit every epoch") matches a symptom or example
 # phrase in part (from MIN_COVERAGE); a pasted error matches word for word or not at all
 DESCRIBED_KINDS = ("symptoms", "examples")
-RULE_EVIDENCE = 0.5  # a one-condition rule's skill needs this score without the rule's own words
 # Out of scope: how much of the best skill score a topic's signs must reach to decline. A topic
 # that holds "unless PyTorch is named" needs one sign; "when it outweighs" (theory, plain Python,
 # PyTorch not named) a fifth; "always" (installs, PyTorch named or not) more, so that "pip install"
@@ -109,7 +106,6 @@ QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names som
 MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
 BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, names a topic, not a problem
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
-_WORDISH = re.compile(r"[^\s\"'(),`]+")
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Za-z])|\n+")
 # the clauses of a sentence: what the last one asks is the question ("torch 2.5, any known issues?")
 _CLAUSE = re.compile(r"[,;:]\s+|\.+\s+|\s+[-\u2013\u2014]+\s+|\)\s+")
@@ -170,7 +166,6 @@ class RouteResult(BaseModel):
     tools: list[str] = Field(
         default_factory=list, description="diagnostic tools the router names for the first skill"
     )
-    rule: str | None = Field(default=None, description="the precedence rule that set the order, when one did")
     confidence: float = Field(
         description="0 to 1: how clearly the evidence points at the first skill (or out of scope); 0 for clarify"
     )
@@ -203,7 +198,6 @@ class _Evidence:
     pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
     terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
     whole: set[str]  # skills with a phrase (nearly) all there, at SYMPTOM_COVERAGE
-    around_pasted: set[str]  # loose terms on the lines of pasted messages, not the messages' own
 
 
 def _diminishing(best_first: list[float]) -> float:
@@ -226,6 +220,12 @@ class Router:
             )
         self.table = table
         self.synonyms = Synonyms(table.synonyms)
+        self.post_model = PostModel.load()
+        if set(self.post_model.skills) != set(table.routes):
+            raise RouterFormatError(
+                f"the post model knows the skills {sorted(self.post_model.skills)} but the router table "
+                f"routes to {sorted(table.routes)}: retrain it with `python -m evals.post_model_training`"
+            )
         self.phrases: list[_Phrase] = []
         for skill, section in table.routes.items():
             for kind, text in section.all_phrases():
@@ -241,9 +241,6 @@ class Router:
         # sharper idf for single terms: zero for a term every skill uses
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
-        # only the Precedence table reorders: over every set the mistakes table's one-condition rows
-        # ("training is slow" on "RAM slowly grows") overturned nine right answers and fixed one
-        self.rules = [(r, self._rule_terms(r)) for r in table.precedence if r.source == "precedence"]
         # error messages long enough to recognize when pasted, with their words as rules read them
         self.verbatim = {
             p: set(terms(p.text, self.synonyms, GLUE_WORDS))
@@ -302,12 +299,6 @@ class Router:
         }
         return cls(parse_router(skill.body, references))
 
-    def _rule_terms(self, rule: PrecedenceRule) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
-        def conv(items: list[str]) -> list[tuple[str, ...]]:
-            return [t for t in (tuple(terms(i, self.synonyms, GLUE_WORDS)) for i in items) if t]
-
-        return conv(rule.terms), conv(rule.together_with)
-
     # -- scoring --------------------------------------------------------------------------------
     def _phrase_score(
         self, phrase: _Phrase, query: set[str], ordered: list[str], negated: bool = True
@@ -332,21 +323,6 @@ class Router:
             score *= 1.5
         return score, coverage
 
-    def _skill_score(self, skill: str, found: _Evidence, without: set[str]) -> float:
-        """One skill's score on the query with the terms `without` left out."""
-        ordered = [t for t in found.ordered if t not in without]
-        qset = set(ordered)
-        hits = sorted(
-            (
-                s
-                for p in self.phrases
-                if p.skill == skill and (s := self._phrase_score(p, qset, ordered)[0]) > 0
-            ),
-            reverse=True,
-        )
-        term_score = TERM_WEIGHT * sum(self.term_idf[t] for t in qset & self.vocab[skill])
-        return _diminishing(hits) + term_score
-
     def scores(self, query: str) -> tuple[dict[str, float], dict[str, list[str]], list[str]]:
         """(score per skill, matched phrases per skill, the query's terms in order)."""
         found = self._evidence(normalize(query))
@@ -362,7 +338,6 @@ class Router:
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         described: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         pasted: dict[str, set[str]] = {}
-        around: set[str] = set()
         seen = self._seen_by_skill(query, qset, ordered)
         for phrase in self.phrases:
             q_ordered, q_set = seen.get(phrase.skill, (ordered, qset))
@@ -379,7 +354,6 @@ class Router:
                     described[phrase.skill] = max(described[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
                     pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
-                    around |= self._line_terms(query, phrase)
         scores, evidence = {}, {}
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
@@ -391,8 +365,7 @@ class Router:
             hit_terms[skill] |= {t for t in own if self.term_idf[t] > 0}
             scores[skill] = round(phrase_score + term_score, 3)
             evidence[skill] = [text for _, text in hits[:5]]
-        around -= set().union(*pasted.values())
-        return _Evidence(scores, evidence, ordered, symptom, described, pasted, hit_terms, whole, around)
+        return _Evidence(scores, evidence, ordered, symptom, described, pasted, hit_terms, whole)
 
     def _seen_by_skill(
         self, query: str, qset: set[str], ordered: list[str]
@@ -428,51 +401,6 @@ class Router:
                 ]
                 seen[skill] = (kept, set(kept))
         return seen
-
-    def _line_terms(self, query: str, phrase: _Phrase) -> set[str]:
-        """The loose terms of the lines that hold `phrase` word for word (a pasted message's line)."""
-        found: set[str] = set()
-        for line in query.splitlines():
-            if set(phrase.terms) <= set(line_terms := terms(line, self.synonyms)) and _in_order(
-                phrase.terms, line_terms
-            ):
-                found |= set(terms(line, self.synonyms, GLUE_WORDS))
-        return found
-
-    def _fired_rule(self, ordered: list[str], found: _Evidence) -> PrecedenceRule | None:
-        """The most specific rule whose terms the query mentions and whose first skill has evidence
-        of its own: a share of the top score (RULE_MIN_SHARE) and, for a one-condition rule, a
-        score of RULE_EVIDENCE without the words that fired it ("seed" alone is not enough). A term
-        of several words is mentioned when they stand together ("scale underflows", not "scaler ...
-        prevent underflow")."""
-        scores = found.scores
-        top = max(scores.values(), default=0.0)
-        best: tuple[tuple[float, ...], PrecedenceRule] | None = None
-        for index, (rule, (first_terms, second_terms)) in enumerate(self.rules):
-            if scores.get(rule.first, 0.0) < RULE_MIN_SHARE[bool(second_terms)] * top:
-                continue
-            # words of another skill's pasted message are that message's, unless the rule names that
-            # skill as the one to read next ("OOM in an FSDP job": the pasted OOM is what the rule is
-            # about); the other words on a pasted message's line are the message's too
-            own_skills = {rule.first, *rule.then}
-            pasted = set().union(*(t for s, t in found.pasted.items() if s not in own_skills))
-            here = _Positions([t for t in ordered if t not in pasted and t not in found.around_pasted])
-            if not any(here.near(t, forms=False) for t in first_terms):
-                continue
-            if second_terms and not any(here.near(t, forms=False) for t in second_terms):
-                continue
-            if not second_terms:
-                # a one-condition rule ("seed" -> reproducibility) needs evidence beyond its own words
-                own = {
-                    w for t in first_terms if here.near(t, forms=False) for w in t
-                }  # the words that fired it
-                if self._skill_score(rule.first, found, own) < RULE_EVIDENCE:
-                    continue
-            specificity = 1 if second_terms else 0
-            key = (-specificity, -scores.get(rule.first, 0.0), index)
-            if best is None or key < best[0]:
-                best = (key, rule)
-        return best[1] if best else None
 
     def _vague_question(self, qset: set[str], ordered: list[str]) -> tuple[str | None, float]:
         """(question of the closest vague phrasing, how much of the query that phrasing explains)."""
@@ -694,23 +622,17 @@ class Router:
                 **answer,
             )
 
-        # 3. route: the highest phrase score first, unless a precedence rule says where the cause is
-        rule = self._fired_rule(terms(_WORDISH.sub(_unpath, query), self.synonyms, GLUE_WORDS), found)
-        order = [rule.first, *[s for s in rule.then if s != rule.first]] if rule is not None else []
-        for skill in ranked:
-            if skill not in order and (not order or scores[skill] >= FOLLOW_RATIO * top) and len(order) < 3:
-                order.append(skill)
-        order = [s for s in order if s in self.table.routes]
-        first = order[0]
-        second = max((scores[s] for s in ranked if s != first), default=0.0)
-        margin = max(0.0, (scores[first] - second) / max(scores[first], 1e-9))
-        confidence = round((1 - math.exp(-scores[first] / 4)) * (0.5 + 0.5 * margin), 2)
+        # 3. route: the post model's first skill (it weighs the post's words and the phrase scores,
+        # learned from labelled real posts), then the other skills with FOLLOW_RATIO of the top score
+        first, probability = self.post_model.rank(terms(posted, self.synonyms), scores)[0]
+        follow = [s for s in ranked if s != first and top > 0 and scores[s] >= FOLLOW_RATIO * top]
+        order = [first, *follow][:3]
+        confidence = round(probability, 2)
         tools = self.table.routes[first].tools
-        why = f" ({rule.why})" if rule is not None and rule.why else ""
-        summary = f"Start with {first}{why}" + (f", then {', '.join(order[1:])}." if len(order) > 1 else ".")
+        summary = f"Start with {first}" + (f", then {', '.join(order[1:])}." if len(order) > 1 else ".")
         if tools:
             summary += f" Run {' / '.join(tools)} on the user's code first."
-        if confidence < CLOSE_CALL and rule is None and len(order) > 1:
+        if confidence < CLOSE_CALL and len(order) > 1:
             summary += (
                 f" A close call with {order[1]} (confidence {confidence:.2f}): read both skills' "
                 "descriptions and start with the one the user's words fit."
@@ -720,7 +642,6 @@ class Router:
             status="routed",
             skills=order,
             tools=tools,
-            rule=f"{rule.source} table, line {rule.line}" if rule else None,
             confidence=confidence,
             summary=summary,
             **answer,
@@ -859,17 +780,6 @@ def _words(text: str) -> list[str]:
         if len(parts) == 1 and "_" in tok:
             out.extend(p for p in tok.split("_") if p)
     return [w for w in out if w not in GLUE_WORDS]
-
-
-def _unpath(m: re.Match[str]) -> str:
-    """File paths ('~/runs/speed_test/', 'C:\\x\\y') name places and settings ('seed=1234',
-    'deterministic=0' of a pasted config) name values, not symptoms: blank them for rules."""
-    word = m.group(0)
-    if word.startswith(("/", "~/", "./", "../")) or "\\" in word or word.count("/") >= 2:
-        return " "
-    if re.match(r"^[A-Za-z_]\w*=[^=]", word):
-        return " "
-    return word
 
 
 def _forms(word: str) -> tuple[str, ...]:
