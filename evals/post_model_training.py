@@ -10,10 +10,11 @@ Needs torch (the fit is L-BFGS on a small design matrix, about ten seconds on tw
 model is multinomial logistic regression: inputs are the post's terms that occur in at least
 MIN_TERM_POSTS training posts (0/1 each) and the eight phrase scores as SCORE_SCALE * score /
 top score; L2 weight WEIGHT_DECAY on the weights, none on the biases. Only routable posts train
-it (its job is the order of skills for a post that `route` routes). The two constants were chosen
-by leave-one-collection-out on the first eight collections before the ninth was opened
-(evals/routing/README.md, twelfth round). How a post becomes terms and scores is the router's own
-code (`post_features`), so training and serving read a post the same way.
+it (its job is the first skill of a post that `route` routes). WEIGHT_DECAY was picked from three
+values by leave-one-collection-out on the first eight collections before the ninth was opened;
+MIN_TERM_POSTS and SCORE_SCALE were set before any measurement (evals/routing/README.md, twelfth
+round). How a post becomes terms and scores is the router's own code (`post_features`), so
+training and serving read a post the same way.
 """
 
 from __future__ import annotations

@@ -38,9 +38,9 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   labelled from the text alone, no split), read by nobody tuning the router and first scored
   once with the sixth round's frozen router: its baseline. The four sets above were all read
   in that round.
-- real_test4.yaml ... real_test9.yaml (issue 24, rounds seven to twelve): 159, 166, 176, 182,
-  125 and 193 posts of a fourth to ninth collection, the same way, each first scored once with its
-  round's frozen router (its baseline); the set before it was read in that round.
+- real_test4.yaml ... real_test10.yaml (issue 24, rounds seven to thirteen): 159, 166, 176, 182,
+  125, 193 and 212 posts of a fourth to tenth collection, the same way, each first scored once
+  with its round's frozen router (its baseline); the set before it was read in that round.
 
 Every set is scored by the shipped router. Its post model (the first skill of a routed post)
 learned from the routable posts of every real*.yaml set, so their figures here are in-sample

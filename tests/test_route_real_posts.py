@@ -137,16 +137,24 @@ def test_a_theory_question_still_declines(router: Router):
     [
         "My IterableDataset yields every sample 4 times when I set num_workers=4. How do I split the "
         "stream between workers?",
-        "RuntimeError: DataLoader worker (pid 4021) is killed by signal: Bus error. It is possible that "
-        "dataloader's workers are out of shared memory.",
         "how do I write a collate_fn that pads variable length sequences to the longest in the batch?",
         "all my dataloader workers produce the same random crops, do I need worker_init_fn to seed numpy?",
         "with persistent_workers=True do the workers stay alive between epochs?",
     ],
 )
 def test_data_pipeline_correctness_goes_to_the_input_pipeline_reference(router: Router, query: str):
-    """Worker sharding, collate_fn, worker seeding and shared-memory crashes route to profiling."""
+    """Worker sharding, collate_fn and worker seeding route to profiling (its input-pipeline reference)."""
     assert router.route(query).label == "performance-profiling"
+
+
+def test_a_worker_out_of_shared_memory_lists_the_input_pipeline_reference(router: Router):
+    """A DataLoader worker killed for shared memory is read with the input pipeline (profiling) and
+    memory; the post model, trained on ten collections, puts memory first as a close call."""
+    result = router.route(
+        "RuntimeError: DataLoader worker (pid 4021) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory."
+    )
+    assert set(result.skills[:2]) == {"performance-profiling", "tensor-operations-and-memory"}
 
 
 @pytest.mark.parametrize(

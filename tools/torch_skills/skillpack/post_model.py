@@ -13,7 +13,7 @@ routable posts of `evals/routing/real*.yaml`; the file records how many posts it
 a digest of what it read in them (labels, terms, phrase scores), and `tests/test_post_model.py`
 fails when the posts or the router's phrases change and the file was not retrained. Nothing here imports torch: scoring is a few dictionary look-ups per term.
 
-Known limitations: it learned from 1,416 routable posts (`trained_on`; GitHub issues and forum
+Known limitations: it learned from 1,560 routable posts (`trained_on`; GitHub issues and forum
 threads, mostly English), so a symptom written in words those posts never used is ranked by the
 phrase scores alone, and on short questions that name a feature more often than the symptom
 ("fp16, autocast, GradScaler ... NaN") it leans to the feature's skill. Its figures on the posts
