@@ -241,7 +241,7 @@ class Router:
         # sharper idf for single terms: zero for a term every skill uses
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
-        # error messages long enough to recognize when pasted, with their words as rules read them
+        # error messages long enough to recognize when pasted (a pasted message shows PyTorch is in use)
         self.verbatim = {
             p: set(terms(p.text, self.synonyms, GLUE_WORDS))
             for p in self.phrases
