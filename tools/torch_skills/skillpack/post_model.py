@@ -8,10 +8,11 @@ asks about): the first skill of the ranking is where the post goes.
 The model is multinomial logistic regression over two kinds of input: one weight per skill for
 each term that occurs in at least two training posts (present or absent, not counted), and one
 weight per skill pair for each phrase score, scaled as `score_scale * score / top score`. Its
-weights are package data (`post_model.json`), written by `evals/train_post_model.py` from the
-routable posts of `evals/routing/real*.yaml`; the file records how many posts it learned from and
-a digest of what it read in them (labels, terms, phrase scores), and `tests/test_post_model.py`
-fails when the posts or the router's phrases change and the file was not retrained. Nothing here imports torch: scoring is a few dictionary look-ups per term.
+weights are package data (`post_model.json`), written by `python -m evals.post_model_training`
+from the routable posts of `evals/routing/real*.yaml`; the file records how many posts it learned
+from and a digest of what it read in them (labels, terms, phrase scores), and
+`tests/test_post_model.py` fails when the posts or the router's phrases change and the file was
+not retrained. Nothing here imports torch: scoring is a few dictionary look-ups per term.
 
 Known limitations: it learned from 1,560 routable posts (`trained_on`; GitHub issues and forum
 threads, mostly English), so a symptom written in words those posts never used is ranked by the

@@ -195,7 +195,7 @@ class _Evidence:
     ordered: list[str]  # the query's terms, in order
     symptom: dict[str, float]  # skill -> best symptom, error or example phrase (not a keyword)
     described: dict[str, float]  # skill -> best symptom or example phrase found in part (MIN_COVERAGE)
-    pasted: dict[str, set[str]]  # skill -> loose terms of its error messages pasted word for word
+    pasted: set[str]  # skills with an error message pasted word for word
     terms: dict[str, set[str]]  # skill -> the query's terms that count for it (numbers aside)
     whole: set[str]  # skills with a phrase (nearly) all there, at SYMPTOM_COVERAGE
 
@@ -242,11 +242,7 @@ class Router:
         self.term_idf = {t: math.log(n / c) for t, c in df.items()}
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
         # error messages long enough to recognize when pasted (a pasted message shows PyTorch is in use)
-        self.verbatim = {
-            p: set(terms(p.text, self.synonyms, GLUE_WORDS))
-            for p in self.phrases
-            if p.kind == "errors" and len(p.terms) >= 3
-        }
+        self.verbatim = frozenset(p for p in self.phrases if p.kind == "errors" and len(p.terms) >= 3)
         self.vague = [
             (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
         ]
@@ -337,7 +333,7 @@ class Router:
         whole: set[str] = set()
         symptom: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
         described: dict[str, float] = dict.fromkeys(self.table.routes, 0.0)
-        pasted: dict[str, set[str]] = {}
+        pasted: set[str] = set()
         seen = self._seen_by_skill(query, qset, ordered)
         for phrase in self.phrases:
             q_ordered, q_set = seen.get(phrase.skill, (ordered, qset))
@@ -353,7 +349,7 @@ class Router:
                 if phrase.kind in DESCRIBED_KINDS and set(told) - NEGATED:
                     described[phrase.skill] = max(described[phrase.skill], s)
                 if phrase in self.verbatim and set(phrase.terms) <= qset and _in_order(phrase.terms, ordered):
-                    pasted.setdefault(phrase.skill, set()).update(self.verbatim[phrase])
+                    pasted.add(phrase.skill)
         scores, evidence = {}, {}
         for skill, hits in per_skill.items():
             hits.sort(reverse=True)
