@@ -1,20 +1,24 @@
-"""Train `route`'s post model from the labelled real posts; write it, or measure it leave-one-out.
+"""Train `route`'s two post models (the gate and the first skill); write them, or measure them leave-one-out.
 
-Use after adding or relabelling real posts in evals/routing/real*.yaml, or after editing the
-router skill's phrases (the phrase scores are inputs):
+Use after adding or relabelling posts in evals/routing/*.yaml, or after editing the router skill's
+phrases or rules (the phrase scores and the rules' verdict are inputs):
 
-    python -m evals.post_model_training            # retrain, write tools/torch_skills/skillpack/post_model.json
+    python -m evals.post_model_training            # retrain, write post_model.json and gate_model.json
     python -m evals.post_model_training --loco     # leave-one-collection-out figures, writes nothing
 
-Needs torch (the fit is L-BFGS on a small design matrix, about ten seconds on two cores). The
-model is multinomial logistic regression: inputs are the post's terms that occur in at least
-MIN_TERM_POSTS training posts (0/1 each) and the eight phrase scores as SCORE_SCALE * score /
-top score; L2 weight WEIGHT_DECAY on the weights, none on the biases. Only routable posts train
-it (its job is the first skill of a post that `route` routes). WEIGHT_DECAY was picked from three
-values by leave-one-collection-out on the first eight collections before the ninth was opened;
-MIN_TERM_POSTS and SCORE_SCALE were set before any measurement (evals/routing/README.md, twelfth
-round). How a post becomes terms and scores is the router's own code (`post_features`), so
-training and serving read a post the same way.
+Needs torch (each fit is L-BFGS on a small design matrix, ten to twenty seconds on two cores).
+Both models are multinomial logistic regression (`tools/torch_skills/skillpack/post_model.py`):
+inputs are the post's terms that occur in at least MIN_TERM_POSTS training posts (0/1 each), the
+eight phrase scores as SCORE_SCALE * score / top score and, for the gate, `gate_inputs` (top
+score, length, the hand-written rules' verdict); L2 weight WEIGHT_DECAY on the weights, none on
+the biases. The skill model learns from the routable real posts (its job is the first skill of a
+post that `route` routes); the gate from every real post and every machine-written set, labelled
+routed / clarify / out_of_scope. WEIGHT_DECAY was picked from three values by leave-one-collection-
+out on the first eight collections before the ninth was opened; MIN_TERM_POSTS and SCORE_SCALE
+were set before any measurement (evals/routing/README.md, twelfth round); the gate's inputs and
+training sets were chosen by leave-one-collection-out before the eleventh collection was opened
+(fourteenth round). How a post becomes terms, scores and a rules verdict is the router's own code
+(`read_post`), so training and serving read a post the same way.
 """
 
 from __future__ import annotations
@@ -23,73 +27,108 @@ import argparse
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
-from torch_skills.skillpack.post_model import MODEL_FILE, PostModel
+from torch_skills.skillpack.post_model import GATE_FILE, GATE_LABELS, MODEL_FILE, PostModel, gate_inputs
 from torch_skills.skillpack.route import Router
-from torch_skills.skillpack.text import normalize, terms
+from torch_skills.skillpack.text import terms
 
 ROUTING = Path(__file__).with_name("routing")
-MODEL_PATH = Path(__file__).parents[1] / "tools" / "torch_skills" / "skillpack" / MODEL_FILE
+PACKAGE = Path(__file__).parents[1] / "tools" / "torch_skills" / "skillpack"
 MIN_TERM_POSTS = 2
 SCORE_SCALE = 3.0
 WEIGHT_DECAY = 3e-3
-NOT_ROUTED = ("clarify", "decline")
+NOT_ROUTED = {"clarify": "clarify", "decline": "out_of_scope"}  # label -> the status it expects
 
 
 @dataclass(frozen=True)
 class Post:
     collection: str  # the yaml file's stem
-    label: str
+    label: str  # a skill, "clarify" or "decline"
     terms: frozenset[str]
     scores: dict[str, float]
+    chars: int  # the post's length as `route` reads it
+    rules_status: str  # what the hand-written rules alone say
+
+    @property
+    def real(self) -> bool:
+        return self.collection.startswith("real")
+
+    @property
+    def routable(self) -> bool:
+        return self.label not in NOT_ROUTED
+
+    @property
+    def status(self) -> str:
+        return NOT_ROUTED.get(self.label, "routed")
+
+    @property
+    def inputs(self) -> dict[str, float]:
+        return gate_inputs(self.scores, self.chars, self.rules_status)
 
 
-def real_post_files() -> list[Path]:
-    return sorted(ROUTING.glob("real*.yaml"))
-
-
-def inputs_digest(posts: list[Post]) -> str:
-    """sha256 over every training post's collection, label, terms and phrase scores: what the model
-    learned from. It changes when a post is added or relabelled and when a router edit changes how
-    a post reads (its terms or scores), and then the model must be retrained."""
+def inputs_digest(posts: list[Post], gate: bool = False) -> str:
+    """sha256 over what a model learned from: every training post's collection, label, terms and
+    phrase scores (and for the gate its length and the rules' verdict). It changes when a post is
+    added or relabelled and when a router edit changes how a post reads; then retrain."""
     h = hashlib.sha256()
     for p in posts:
         scores = ",".join(f"{s}={p.scores[s]:.3f}" for s in sorted(p.scores))
-        h.update(f"{p.collection}\0{p.label}\0{' '.join(sorted(p.terms))}\0{scores}\0".encode())
+        extra = f"{p.chars}\0{p.rules_status}\0" if gate else ""
+        h.update(f"{p.collection}\0{p.label}\0{' '.join(sorted(p.terms))}\0{scores}\0{extra}".encode())
     return h.hexdigest()
 
 
-def post_features(router: Router, query: str) -> tuple[frozenset[str], dict[str, float]]:
-    """The model's inputs for a post, exactly as `route` builds them."""
-    return frozenset(terms(normalize(query), router.synonyms)), router.route(query).scores
+def read_post(router: Router, collection: str, label: str, query: str) -> Post:
+    """A post as the models see it, exactly as `route` builds their inputs."""
+    by_rules = router.route(query, gate=False)
+    posted = router.read(query)
+    return Post(
+        collection,
+        label,
+        frozenset(terms(posted, router.synonyms)),
+        by_rules.scores,
+        len(posted),
+        by_rules.status,
+    )
+
+
+def load_all_posts(router: Router) -> list[Post]:
+    """Every labelled post in evals/routing: the real collections and the machine-written sets."""
+    return [
+        read_post(router, path.stem, item["expect"], item["query"])
+        for path in sorted(ROUTING.glob("*.yaml"))
+        for item in yaml.safe_load(path.read_text())
+    ]
+
+
+def skill_posts(posts: list[Post]) -> list[Post]:
+    return [p for p in posts if p.real and p.routable]
 
 
 def load_posts(router: Router) -> list[Post]:
-    posts = []
-    for path in real_post_files():
-        for item in yaml.safe_load(path.read_text()):
-            if item["expect"] in NOT_ROUTED:
-                continue
-            post_terms, scores = post_features(router, item["query"])
-            posts.append(Post(path.stem, item["expect"], post_terms, scores))
-    return posts
+    """The skill model's training posts: the routable real posts."""
+    return skill_posts(load_all_posts(router))
 
 
-def fit(posts: list[Post], skills: list[str]) -> dict:
-    """The model as post_model.json holds it, fitted on `posts`."""
+def fit(posts: list[Post], labels: list[str], label_of: Callable[[Post], str], named_inputs: bool) -> dict:
+    """A model as the json files hold it, fitted on `posts`."""
     import torch
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the same weights on every machine
+    skills = sorted(posts[0].scores)
+    names = sorted(posts[0].inputs) if named_inputs else []
     df = Counter(t for p in posts for t in p.terms)
     vocab = sorted(t for t, c in df.items() if c >= MIN_TERM_POSTS)
     index = {t: i for i, t in enumerate(vocab)}
-    x = torch.zeros(len(posts), len(vocab) + len(skills), dtype=torch.float64)
+    width = len(vocab) + len(skills) + len(names)
+    x = torch.zeros(len(posts), width, dtype=torch.float64)
     for row, post in enumerate(posts):
         for t in post.terms:
             if t in index:
@@ -97,9 +136,12 @@ def fit(posts: list[Post], skills: list[str]) -> dict:
         top = max(post.scores.values()) or 1.0
         for j, skill in enumerate(skills):
             x[row, len(vocab) + j] = SCORE_SCALE * post.scores[skill] / top
-    y = torch.tensor([skills.index(p.label) for p in posts])
-    weights = torch.zeros(x.shape[1], len(skills), dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(len(skills), dtype=torch.float64, requires_grad=True)
+        inputs = post.inputs
+        for j, name in enumerate(names):
+            x[row, len(vocab) + len(skills) + j] = inputs[name]
+    y = torch.tensor([labels.index(label_of(p)) for p in posts])
+    weights = torch.zeros(width, len(labels), dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(len(labels), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS(
         [weights, bias],
         max_iter=500,
@@ -116,32 +158,61 @@ def fit(posts: list[Post], skills: list[str]) -> dict:
 
     opt.step(closure)
     w = weights.detach()
+
+    def row(i: int) -> list[float]:
+        return [round(v, 5) for v in w[i].tolist()]
+
     return {
-        "skills": skills,
+        "labels": labels,
         "bias": [round(v, 5) for v in bias.detach().tolist()],
-        "score_weights": [[round(v, 5) for v in w[len(vocab) + j].tolist()] for j in range(len(skills))],
-        "terms": {t: [round(v, 5) for v in w[index[t]].tolist()] for t in vocab},
+        "score_weights": {s: row(len(vocab) + j) for j, s in enumerate(skills)},
+        "terms": {t: row(index[t]) for t in vocab},
+        "inputs": {n: row(len(vocab) + len(skills) + j) for j, n in enumerate(names)},
         "score_scale": SCORE_SCALE,
         "trained_on": len(posts),
     }
+
+
+def fit_skill_model(posts: list[Post]) -> dict:
+    return fit(posts, sorted(posts[0].scores), lambda p: p.label, named_inputs=False)
+
+
+def fit_gate(posts: list[Post]) -> dict:
+    return fit(posts, list(GATE_LABELS), lambda p: p.status, named_inputs=True)
 
 
 def first_skill(model: PostModel, post: Post) -> str:
     return model.rank(post.terms, post.scores)[0][0]
 
 
+def gate_status(model: PostModel, post: Post) -> str:
+    return model.rank(post.terms, post.scores, post.inputs)[0][0]
+
+
 def leave_one_collection_out(router: Router, posts: list[Post]) -> dict[str, tuple[int, int, int]]:
-    """Per collection: (posts, right by a model trained on the other collections, right by the
-    phrase-score argmax). The router's phrases were tuned on every collection, so the second
-    figure still leans on this collection through the scores; the fresh-collection figures do not."""
-    skills = sorted(router.table.routes)
+    """Per real collection: (routable posts, right by a skill model trained on the other
+    collections, right by the phrase-score argmax). `posts` are the skill model's (`load_posts`).
+    The router's phrases were tuned on every collection, so the second figure still leans on
+    this collection through the scores; the fresh-collection figures do not."""
     out = {}
     for held in sorted({p.collection for p in posts}):
-        model = PostModel.from_json(fit([p for p in posts if p.collection != held], skills))
+        model = PostModel.from_json(fit_skill_model([p for p in posts if p.collection != held]))
         test = [p for p in posts if p.collection == held]
         right = sum(first_skill(model, p) == p.label for p in test)
         argmax = sum(max(p.scores, key=lambda s: (p.scores[s], s)) == p.label for p in test)
         out[held] = (len(test), right, argmax)
+    return out
+
+
+def gate_leave_one_collection_out(all_posts: list[Post]) -> dict[str, Counter]:
+    """Per real collection: Counter of (expected status, rules' status, gate's status) for a gate
+    trained on every other post (the machine-written sets always among them)."""
+    out = {}
+    for held in sorted({p.collection for p in all_posts if p.real}):
+        model = PostModel.from_json(fit_gate([p for p in all_posts if p.collection != held]))
+        out[held] = Counter(
+            (p.status, p.rules_status, gate_status(model, p)) for p in all_posts if p.collection == held
+        )
     return out
 
 
@@ -150,18 +221,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loco", action="store_true", help="print leave-one-collection-out figures only")
     args = parser.parse_args(argv)
     router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
-    posts = load_posts(router)
+    all_posts = load_all_posts(router)
+    posts = skill_posts(all_posts)
     if args.loco:
         total = [0, 0, 0]
         for held, (n, right, argmax) in leave_one_collection_out(router, posts).items():
-            print(f"{held}: model {right}/{n}, phrase-score argmax {argmax}/{n}")
+            print(f"{held}: skill model {right}/{n}, phrase-score argmax {argmax}/{n}")
             total = [a + b for a, b in zip(total, (n, right, argmax), strict=True)]
-        print(f"all: model {total[1]}/{total[0]}, phrase-score argmax {total[2]}/{total[0]}")
+        print(f"all: skill model {total[1]}/{total[0]}, phrase-score argmax {total[2]}/{total[0]}")
+        gates = Counter()
+        for counts in gate_leave_one_collection_out(all_posts).values():
+            gates.update(counts)
+        for who, pick in (("rules", 1), ("gate", 2)):
+            said = Counter()
+            for key, n in gates.items():
+                said[(key[0], key[pick])] += n
+            print(
+                f"{who}: "
+                + ", ".join(
+                    f"{want} -> {got} {said[(want, got)]}" for want in GATE_LABELS for got in GATE_LABELS
+                )
+            )
         return 0
-    model = fit(posts, sorted(router.table.routes))
-    model["inputs_digest"] = inputs_digest(posts)
-    MODEL_PATH.write_text(json.dumps(model, sort_keys=True) + "\n")
-    print(f"wrote {MODEL_PATH} ({len(posts)} posts, {len(model['terms'])} terms)")
+    for file, model, trained in (
+        (MODEL_FILE, fit_skill_model(posts), posts),
+        (GATE_FILE, fit_gate(all_posts), all_posts),
+    ):
+        model["inputs_digest"] = inputs_digest(trained, gate=file == GATE_FILE)
+        (PACKAGE / file).write_text(json.dumps(model, sort_keys=True) + "\n")
+        print(f"wrote {PACKAGE / file} ({len(trained)} posts, {len(model['terms'])} terms)")
     return 0
 
 

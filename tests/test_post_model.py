@@ -8,26 +8,43 @@ from importlib import resources
 
 import pytest
 
-from evals.post_model_training import inputs_digest, load_posts
+from evals.post_model_training import Post, inputs_digest, load_all_posts, skill_posts
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
-from torch_skills.skillpack.post_model import MODEL_FILE, PostModel
+from torch_skills.skillpack.post_model import GATE_FILE, GATE_LABELS, MODEL_FILE, PostModel
 from torch_skills.skillpack.route import Router, RouterFormatError
 from torch_skills.skillpack.text import normalize, terms
 
 
-def test_the_shipped_model_was_trained_on_the_current_posts_and_phrases(router: Router):
+@pytest.fixture(scope="module")
+def all_posts(router: Router) -> list[Post]:
+    return load_all_posts(router)
+
+
+def test_the_shipped_skill_model_was_trained_on_the_current_posts_and_phrases(all_posts: list[Post]):
     """Adding or relabelling a real post, or editing the router skill so that a post reads with other
     terms or scores, needs `python -m evals.post_model_training` before the change lands."""
-    posts = load_posts(router)
+    posts = skill_posts(all_posts)
     model = PostModel.load()
     assert model.trained_on == len(posts), "retrain: python -m evals.post_model_training"
     assert model.inputs_digest == inputs_digest(posts), "retrain: python -m evals.post_model_training"
 
 
-def test_the_model_ships_as_package_data_and_knows_the_routers_skills(router: Router):
-    data = json.loads(resources.files("torch_skills.skillpack").joinpath(MODEL_FILE).read_text())
-    assert sorted(data["skills"]) == sorted(router.table.routes)
-    assert all(len(w) == len(data["skills"]) for w in data["terms"].values())
+def test_the_shipped_gate_was_trained_on_every_labelled_post_as_the_rules_read_it_now(all_posts: list[Post]):
+    """The gate learns from every set in evals/routing, and the hand-written rules' verdict is one of
+    its inputs: a new post, a relabelling or a rule edit that changes a verdict needs retraining."""
+    model = PostModel.load(GATE_FILE)
+    assert model.trained_on == len(all_posts), "retrain: python -m evals.post_model_training"
+    assert model.inputs_digest == inputs_digest(all_posts, gate=True), (
+        "retrain: python -m evals.post_model_training"
+    )
+
+
+@pytest.mark.parametrize(("file", "labels"), [(MODEL_FILE, None), (GATE_FILE, list(GATE_LABELS))])
+def test_both_models_ship_as_package_data_and_know_the_routers_skills(router: Router, file: str, labels):
+    data = json.loads(resources.files("torch_skills.skillpack").joinpath(file).read_text())
+    assert data["labels"] == (labels or sorted(router.table.routes))
+    assert sorted(data["score_weights"]) == sorted(router.table.routes)
+    assert all(len(w) == len(data["labels"]) for w in data["terms"].values())
 
 
 def test_a_routed_post_starts_with_the_models_first_skill_and_reports_its_probability(router: Router):
@@ -56,16 +73,52 @@ def test_words_the_model_never_saw_leave_the_phrase_scores_to_decide(router: Rou
 
 def test_a_model_for_other_skills_is_refused_with_the_step_that_fixes_it(monkeypatch: pytest.MonkeyPatch):
     shipped = PostModel.load()
+    skills = [*shipped.labels[:-1], "a-skill-that-was-renamed"]
     renamed = PostModel.from_json(
         {
-            "skills": [*shipped.skills[:-1], "a-skill-that-was-renamed"],
+            "labels": skills,
             "bias": list(shipped.bias),
-            "score_weights": [list(w) for w in shipped.score_weights.values()],
+            "score_weights": {
+                s: list(w) for s, w in zip(skills, shipped.score_weights.values(), strict=True)
+            },
             "terms": {},
             "score_scale": shipped.score_scale,
             "trained_on": 0,
         }
     )
-    monkeypatch.setattr(PostModel, "load", classmethod(lambda cls: renamed))
+    monkeypatch.setattr(PostModel, "load", classmethod(lambda cls, file=MODEL_FILE: renamed))
     with pytest.raises(RouterFormatError, match="python -m evals.post_model_training"):
         Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
+
+
+def _gate_sure_of(router: Router, status: str) -> PostModel:
+    """A stand-in gate that always says `status`."""
+    return PostModel.from_json(
+        {
+            "labels": list(GATE_LABELS),
+            "bias": [9.0 if label == status else 0.0 for label in GATE_LABELS],
+            "score_weights": {s: [0.0] * len(GATE_LABELS) for s in router.table.routes},
+            "terms": {},
+            "score_scale": 3.0,
+            "trained_on": 0,
+        }
+    )
+
+
+def test_the_gate_may_overrule_an_ask_and_nothing_else():
+    """The gate is consulted only where the rules would ask first: there it may route the post. A
+    decline (another framework's code) and a routed post stay what the rules made them."""
+    router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
+    keras = "model = Sequential()\nmodel.add(Dense(10))\nmodel.compile(loss='mse')\nloss is nan after epoch 1"
+    nan = "loss becomes NaN after a few hundred steps and the gradients explode"
+    vague = "Any tips for training this model? Thanks"
+    assert [router.route(q, gate=False).status for q in (keras, nan, vague)] == [
+        "out_of_scope",
+        "routed",
+        "clarify",
+    ]
+    router.gate_model = _gate_sure_of(router, "routed")
+    assert [router.route(q).status for q in (keras, nan, vague)] == ["out_of_scope", "routed", "routed"]
+    for status in ("clarify", "out_of_scope"):
+        router.gate_model = _gate_sure_of(router, status)
+        assert [router.route(q).status for q in (keras, nan, vague)] == ["out_of_scope", "routed", "clarify"]

@@ -199,16 +199,15 @@ def test_a_close_call_between_two_skills_says_so_in_the_summary():
     names the second skill as a close call for the agent to weigh; a clear answer's summary does not.
     Two stand-in models over the shipped skills: one with no preference, one sure of debugging."""
     router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
-    skills = router.post_model.skills
+    skills = list(router.post_model.labels)
     query = "loss becomes NaN after a few hundred steps and the gradients explode"
 
     def model(bias: list[float]) -> PostModel:
-        flat = [[0.0] * len(skills) for _ in skills]
         return PostModel.from_json(
             {
-                "skills": list(skills),
+                "labels": skills,
                 "bias": bias,
-                "score_weights": flat,
+                "score_weights": {s: [0.0] * len(skills) for s in skills},
                 "terms": {},
                 "score_scale": 3.0,
                 "trained_on": 0,

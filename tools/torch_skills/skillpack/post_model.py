@@ -1,25 +1,30 @@
-"""Rank the skills for a post with a linear model learned from labelled real users' posts.
+"""Two linear models learned from labelled posts: the gate (route, ask or decline) and the first skill.
 
-Use `PostModel.load().rank(post_terms, scores)` -> [(skill, probability), ...], best first, where
+Use `PostModel.load(GATE_FILE).rank(post_terms, scores, gate_inputs(scores, chars, rules_status))`
+-> [("routed" | "clarify" | "out_of_scope", probability), ...] and
+`PostModel.load().rank(post_terms, scores)` -> [(skill, probability), ...], best first, where
 `post_terms` are the post's stemmed terms (`text.terms(normalized_post, synonyms)`) and `scores`
-the router's eight phrase scores. `route` calls it for a post it routes (not one it declines or
-asks about): the first skill of the ranking is where the post goes.
+the router's eight phrase scores. `route` asks the gate first; for a post the gate routes, the
+first skill of the skill model's ranking is where the post goes.
 
-The model is multinomial logistic regression over two kinds of input: one weight per skill for
-each term that occurs in at least two training posts (present or absent, not counted), and one
-weight per skill pair for each phrase score, scaled as `score_scale * score / top score`. Its
-weights are package data (`post_model.json`), written by `python -m evals.post_model_training`
-from the routable posts of `evals/routing/real*.yaml`; the file records how many posts it learned
-from and a digest of what it read in them (labels, terms, phrase scores), and
-`tests/test_post_model.py` fails when the posts or the router's phrases change and the file was
-not retrained. Nothing here imports torch: scoring is a few dictionary look-ups per term.
+Both are multinomial logistic regression over the same kinds of input: one weight per label for
+each term that occurs in at least two training posts (present or absent, not counted), one per
+phrase score, scaled as `score_scale * score / top score`, and, for the gate, four named inputs
+(`gate_inputs`): the top phrase score, the post's length and what the router's hand-written
+decline and clarify rules said. Their weights are package data (`post_model.json`,
+`gate_model.json`), written by `python -m evals.post_model_training`: the skill model from the
+routable real posts of `evals/routing/real*.yaml`, the gate from every real post and the
+machine-written sets there (chat-style requests such as "fix my training" are rare in GitHub
+issues). Each file records how many posts it learned from and a digest of what it read in them,
+and `tests/test_post_model.py` fails when the posts or the router's phrases change and the files
+were not retrained. Nothing here imports torch: scoring is a few dictionary look-ups per term.
 
-Known limitations: it learned from 1,560 routable posts (`trained_on`; GitHub issues and forum
-threads, mostly English), so a symptom written in words those posts never used is ranked by the
-phrase scores alone, and on short questions that name a feature more often than the symptom
-("fp16, autocast, GradScaler ... NaN") it leans to the feature's skill. Its figures on the posts
-it learned from are not a measurement: `evals/routing/README.md` gives the leave-one-collection-out
-and fresh-collection figures.
+Known limitations: they learned from a few thousand posts (`trained_on`; GitHub issues and forum
+threads, mostly English, plus the machine-written sets for the gate), so a symptom written in
+words those posts never used is weighed by the phrase scores and the rules alone, and on short
+questions that name a feature more often than the symptom ("fp16, autocast, GradScaler ... NaN")
+the skill model leans to the feature's skill. Figures on the posts they learned from are not a
+measurement: `evals/routing/README.md` gives leave-one-collection-out and fresh-collection figures.
 """
 
 from __future__ import annotations
@@ -32,56 +37,80 @@ from importlib import resources
 from typing import Any
 
 MODEL_FILE = "post_model.json"
+GATE_FILE = "gate_model.json"
+GATE_LABELS = ("routed", "clarify", "out_of_scope")  # the statuses a RouteResult can have
+
+
+def gate_inputs(scores: dict[str, float], chars: int, rules_status: str) -> dict[str, float]:
+    """The gate's named inputs besides the terms and the scaled phrase scores: how much evidence
+    the post has at best, how long it is, and the hand-written rules' verdict (a status)."""
+    return {
+        "top_score": math.log1p(max(scores.values(), default=0.0)),
+        "length": math.log1p(chars) / 3,
+        "rules_clarify": float(rules_status == "clarify"),
+        "rules_out_of_scope": float(rules_status == "out_of_scope"),
+    }
 
 
 @dataclass(frozen=True)
 class PostModel:
-    skills: tuple[str, ...]
+    labels: tuple[str, ...]  # what it ranks: skills, or the gate's statuses
     bias: tuple[float, ...]
-    score_weights: dict[str, tuple[float, ...]]  # phrase score of skill -> one weight per output skill
-    term_weights: dict[str, tuple[float, ...]]  # term -> one weight per output skill
+    score_weights: dict[str, tuple[float, ...]]  # phrase score of skill -> one weight per label
+    term_weights: dict[str, tuple[float, ...]]  # term -> one weight per label
+    input_weights: dict[str, tuple[float, ...]]  # named input (gate_inputs) -> one weight per label
     score_scale: float
     trained_on: int
     inputs_digest: str
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PostModel:
-        skills = tuple(data["skills"])
+        labels = tuple(data["labels"])
         return cls(
-            skills=skills,
+            labels=labels,
             bias=tuple(data["bias"]),
-            score_weights={s: tuple(w) for s, w in zip(skills, data["score_weights"], strict=True)},
+            score_weights={s: tuple(w) for s, w in data["score_weights"].items()},
             term_weights={t: tuple(w) for t, w in data["terms"].items()},
+            input_weights={n: tuple(w) for n, w in data.get("inputs", {}).items()},
             score_scale=float(data["score_scale"]),
             trained_on=int(data["trained_on"]),
             inputs_digest=str(data.get("inputs_digest", "")),
         )
 
     @classmethod
-    def load(cls) -> PostModel:
-        """The model shipped with the package (read once per process)."""
-        return _shipped()
+    def load(cls, file: str = MODEL_FILE) -> PostModel:
+        """A model shipped with the package (each file read once per process)."""
+        return _shipped(file)
 
-    def rank(self, post_terms: list[str] | set[str], scores: dict[str, float]) -> list[tuple[str, float]]:
-        """Every skill with its probability, best first (ties in skill-name order)."""
+    def rank(
+        self,
+        post_terms: list[str] | set[str] | frozenset[str],
+        scores: dict[str, float],
+        inputs: dict[str, float] | None = None,
+    ) -> list[tuple[str, float]]:
+        """Every label with its probability, best first (ties in label order)."""
         logits = list(self.bias)
+
+        def add(weights: tuple[float, ...], value: float) -> None:
+            for i, w in enumerate(weights):
+                logits[i] += value * w
+
         for term in set(post_terms):
-            weights = self.term_weights.get(term)
-            if weights is not None:
-                logits = [z + w for z, w in zip(logits, weights, strict=True)]
+            if term in self.term_weights:
+                add(self.term_weights[term], 1.0)
         top = max(scores.values(), default=0.0) or 1.0
         for skill, weights in self.score_weights.items():
-            value = self.score_scale * scores.get(skill, 0.0) / top
-            if value:
-                logits = [z + value * w for z, w in zip(logits, weights, strict=True)]
+            add(weights, self.score_scale * scores.get(skill, 0.0) / top)
+        for name, weights in self.input_weights.items():
+            add(weights, (inputs or {}).get(name, 0.0))
         peak = max(logits)
         exp = [math.exp(z - peak) for z in logits]
         total = sum(exp)
-        probs = {s: e / total for s, e in zip(self.skills, exp, strict=True)}
+        probs = {label: e / total for label, e in zip(self.labels, exp, strict=True)}
         return sorted(probs.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 @cache
-def _shipped() -> PostModel:
-    text = resources.files("torch_skills.skillpack").joinpath(MODEL_FILE).read_text(encoding="utf-8")
+def _shipped(file: str) -> PostModel:
+    text = resources.files("torch_skills.skillpack").joinpath(file).read_text(encoding="utf-8")
     return PostModel.from_json(json.loads(text))
