@@ -35,7 +35,7 @@ import yaml
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import GATE_FILE, GATE_LABELS, MODEL_FILE, PostModel, gate_inputs
-from torch_skills.skillpack.route import Router
+from torch_skills.skillpack.route import GATE_ROUTES, Router
 from torch_skills.skillpack.text import terms
 
 ROUTING = Path(__file__).with_name("routing")
@@ -186,7 +186,12 @@ def first_skill(model: PostModel, post: Post) -> str:
 
 
 def gate_status(model: PostModel, post: Post) -> str:
-    return model.rank(post.terms, post.scores, post.inputs)[0][0]
+    """What `route` answers for the post with this gate: the rules' verdict, unless they ask and
+    the gate finds the post routable with probability GATE_ROUTES."""
+    if post.rules_status != "clarify":
+        return post.rules_status
+    routable = dict(model.rank(post.terms, post.scores, post.inputs))["routed"]
+    return "routed" if routable >= GATE_ROUTES else "clarify"
 
 
 def leave_one_collection_out(router: Router, posts: list[Post]) -> dict[str, tuple[int, int, int]]:
@@ -205,8 +210,8 @@ def leave_one_collection_out(router: Router, posts: list[Post]) -> dict[str, tup
 
 
 def gate_leave_one_collection_out(all_posts: list[Post]) -> dict[str, Counter]:
-    """Per real collection: Counter of (expected status, rules' status, gate's status) for a gate
-    trained on every other post (the machine-written sets always among them)."""
+    """Per real collection: Counter of (expected status, the rules' status, `route`'s status) for a
+    gate trained on every other post (the machine-written sets always among them)."""
     out = {}
     for held in sorted({p.collection for p in all_posts if p.real}):
         model = PostModel.from_json(fit_gate([p for p in all_posts if p.collection != held]))
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         gates = Counter()
         for counts in gate_leave_one_collection_out(all_posts).values():
             gates.update(counts)
-        for who, pick in (("rules", 1), ("gate", 2)):
+        for who, pick in (("rules alone", 1), ("with the gate", 2)):
             said = Counter()
             for key, n in gates.items():
                 said[(key[0], key[pick])] += n

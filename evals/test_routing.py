@@ -38,15 +38,16 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   labelled from the text alone, no split), read by nobody tuning the router and first scored
   once with the sixth round's frozen router: its baseline. The four sets above were all read
   in that round.
-- real_test4.yaml ... real_test10.yaml (issue 24, rounds seven to thirteen): 159, 166, 176, 182,
-  125, 193 and 212 posts of a fourth to tenth collection, the same way, each first scored once
-  with its round's frozen router (its baseline); the set before it was read in that round.
+- real_test4.yaml ... real_test11.yaml (issue 24, rounds seven to fourteen): 159, 166, 176, 182,
+  125, 193, 212 and 180 posts of a fourth to eleventh collection, the same way, each first scored
+  once with its round's frozen router (its baseline); the set before it was read in that round.
 
-Every set is scored by the shipped router. Its post model (the first skill of a routed post)
-learned from the routable posts of every real*.yaml set, so their figures here are in-sample
-regression checks; the measurements are each fresh set's first scoring and the slow
-leave-one-collection-out eval (test_post_model_loco.py). The machine-written sets teach it
-nothing. Measure the next change on a new collection nobody has read.
+Every set is scored by the shipped router. Its skill model (the first skill of a routed post)
+learned from the routable posts of every real*.yaml set, and its gate (whether a post the rules
+would ask about is routed) from every set here, real and machine-written, so these figures are
+in-sample regression checks; the measurements are each fresh set's first scoring and the slow
+leave-one-collection-out evals (test_post_model_loco.py). Measure the next change on a new
+collection nobody has read.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import PostModel
-from torch_skills.skillpack.route import CLOSE_CALL, Router
+from torch_skills.skillpack.route import CLOSE_CALL, SURE, Router
 
 
 @pytest.mark.parametrize(
@@ -194,10 +194,11 @@ def test_a_training_log_line_is_not_mistaken_for_scala(router: Router):
     assert router.route(query).label == "debugging-techniques"
 
 
-def test_a_close_call_between_two_skills_says_so_in_the_summary():
+def test_the_summary_says_how_sure_the_first_skill_is():
     """Under CLOSE_CALL confidence (the post model's probability for its first skill) the summary
-    names the second skill as a close call for the agent to weigh; a clear answer's summary does not.
-    Two stand-in models over the shipped skills: one with no preference, one sure of debugging."""
+    names the second skill as a close call; under SURE it says the first is likely, not sure, and
+    names the second; from SURE it says neither. Stand-in models over the shipped skills: one with
+    no preference, one leaning to mixed precision, one sure of debugging."""
     router = Router.from_pack(SkillPack.load(DEFAULT_SKILLS_DIR))
     skills = list(router.post_model.labels)
     query = "loss becomes NaN after a few hundred steps and the gradients explode"
@@ -218,7 +219,18 @@ def test_a_close_call_between_two_skills_says_so_in_the_summary():
     close = router.route(query)
     assert close.status == "routed" and close.confidence < CLOSE_CALL and len(close.skills) > 1
     assert f"A close call with {close.skills[1]}" in close.summary
+    router.post_model = model([3.0 if s == "mixed-precision-and-optimization" else 0.0 for s in skills])
+    likely = router.route(query)
+    assert (
+        likely.skills[:2] == ["mixed-precision-and-optimization", "debugging-techniques"]
+        and CLOSE_CALL <= likely.confidence < SURE
+    )
+    assert (
+        f"Likely, not sure (confidence {likely.confidence:.2f}): if the user's words fit {likely.skills[1]}"
+        in (likely.summary)
+    )
+    assert "close call" not in likely.summary
     router.post_model = model([8.0 if s == "debugging-techniques" else 0.0 for s in skills])
     clear = router.route(query)
-    assert clear.skills[0] == "debugging-techniques" and clear.confidence >= CLOSE_CALL
-    assert "close call" not in clear.summary
+    assert clear.skills[0] == "debugging-techniques" and clear.confidence >= SURE
+    assert "close call" not in clear.summary and "not sure" not in clear.summary

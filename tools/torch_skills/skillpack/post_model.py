@@ -88,7 +88,7 @@ class PostModel:
         scores: dict[str, float],
         inputs: dict[str, float] | None = None,
     ) -> list[tuple[str, float]]:
-        """Every label with its probability, best first (ties in label order)."""
+        """Every label with its probability, best first (ties in label-name order)."""
         logits = list(self.bias)
 
         def add(weights: tuple[float, ...], value: float) -> None:
