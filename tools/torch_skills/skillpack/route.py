@@ -90,8 +90,9 @@ GATE_ROUTES = 2 / 3
 # than right), and the summary says so when a second skill is listed.
 CLOSE_CALL = 0.5
 # From this probability the first skill is sure enough to start without weighing the second: on
-# real posts the model had not learned from it was right on 703 of 715 (leave-one-collection-out)
-# and 56 of 57 (the eleventh collection); between CLOSE_CALL and SURE on about three in four.
+# real posts the model had not learned from it was right on 770 of 785 (leave-one-collection-out,
+# twelve collections), 56 of 57 and 51 of 55 (the eleventh and twelfth collections, scored fresh);
+# between CLOSE_CALL and SURE on two in three to four in five (evals/routing/README.md).
 SURE = 0.9
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
 # phrase (not just topic keywords) scores at least this much ("names a symptom").
@@ -178,7 +179,7 @@ class RouteResult(BaseModel):
     )
     confidence: float = Field(
         description="0 to 1; routed: the post model's probability for the first skill (from 0.9 it was right on "
-        "98% of real posts it had not seen, under 0.5 a close call); out_of_scope: how clearly; 0 for clarify"
+        "93-98% of real posts it had not seen, under 0.5 a close call); out_of_scope: how clearly; 0 for clarify"
     )
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
