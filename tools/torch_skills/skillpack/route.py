@@ -574,7 +574,7 @@ class Router:
     def route(self, query: str, *, gate: bool = True) -> RouteResult:
         """Route one post (see the module docstring). With `gate=False`, the hand-written decline and
         clarify rules alone decide whether to route: what the gate model reads as their verdict."""
-        posted = normalize(_truncate(query or ""))
+        posted = self.read(query)
         query, ignored = self._drop_not_evidence(posted)
         found = self._evidence(query)
         scores, evidence = found.scores, found.phrases
