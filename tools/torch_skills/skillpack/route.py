@@ -90,9 +90,10 @@ GATE_ROUTES = 2 / 3
 # than right), and the summary says so when a second skill is listed.
 CLOSE_CALL = 0.5
 # From this probability the first skill is sure enough to start without weighing the second: on
-# real posts the model had not learned from it was right on 770 of 785 (leave-one-collection-out,
-# twelve collections), 56 of 57 and 51 of 55 (the eleventh and twelfth collections, scored fresh);
-# between CLOSE_CALL and SURE on two in three to four in five (evals/routing/README.md).
+# real posts the model had not learned from it was right on 793 of 810 (leave-one-collection-out,
+# thirteen collections) and on 56 of 57, 51 of 55 and 36 of 37 (the eleventh to thirteenth
+# collections, scored fresh); between CLOSE_CALL and SURE on two in three to four in five
+# (evals/routing/README.md).
 SURE = 0.9
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
 # phrase (not just topic keywords) scores at least this much ("names a symptom").
