@@ -34,8 +34,15 @@ from pathlib import Path
 import yaml
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
-from torch_skills.skillpack.post_model import GATE_FILE, GATE_LABELS, MODEL_FILE, PostModel, gate_inputs
-from torch_skills.skillpack.route import GATE_ROUTES, Router
+from torch_skills.skillpack.post_model import (
+    GATE_FILE,
+    GATE_LABELS,
+    MODEL_FILE,
+    PostModel,
+    gate_inputs,
+    gate_routes_asked_post,
+)
+from torch_skills.skillpack.route import Router
 from torch_skills.skillpack.text import terms
 
 ROUTING = Path(__file__).with_name("routing")
@@ -190,8 +197,7 @@ def gate_status(model: PostModel, post: Post) -> str:
     the gate finds the post routable with probability GATE_ROUTES."""
     if post.rules_status != "clarify":
         return post.rules_status
-    routable = dict(model.rank(post.terms, post.scores, post.inputs))["routed"]
-    return "routed" if routable >= GATE_ROUTES else "clarify"
+    return "routed" if gate_routes_asked_post(model, post.terms, post.scores, post.chars) else "clarify"
 
 
 def leave_one_collection_out(router: Router, posts: list[Post]) -> dict[str, tuple[int, int, int]]:

@@ -35,7 +35,7 @@ How it decides (deterministic):
    question with a review phrase, which includes questions to a project's authors, "is it as
    fast as the paper?", needs a symptom; a title that asks gives way to a body question on its
    topic), unless the gate model (every labelled post, the rules' verdict among its inputs) finds
-   the post routable with probability GATE_ROUTES.
+   the post routable with probability GATE_ROUTES (`post_model.py`).
 3. Otherwise route: the first skill is the post model's (logistic regression over the post's
    words and the eight phrase scores, learned from the routable real posts; it replaced the
    precedence rows, which lost more right answers than they won on posts nobody had tuned on);
@@ -62,7 +62,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
-from torch_skills.skillpack.post_model import GATE_FILE, PostModel, gate_inputs
+from torch_skills.skillpack.post_model import GATE_FILE, PostModel, gate_routes_asked_post
 from torch_skills.skillpack.router import (
     OutOfScopeTopic,
     RouterFormatError,
@@ -82,10 +82,6 @@ MIN_COVERAGE = 0.5
 MIN_EVIDENCE = 1.0  # below this best score the query is too vague to route
 TERM_WEIGHT = 0.35  # weight of single distinctive terms, next to whole phrases
 FOLLOW_RATIO = 0.45  # after the first skill, the skills whose phrase score is this share of the top
-# A post the rules would ask about is routed when the gate model finds it at least twice as likely
-# routable as not (fourteenth round: set by leave-one-collection-out before the eleventh collection;
-# at 2/3 no vague post of the earlier collections was routed, at 1/2 seven were)
-GATE_ROUTES = 2 / 3
 # Below this probability the post model's first skill is a close call (it is more likely wrong
 # than right), and the summary says so when a second skill is listed.
 CLOSE_CALL = 0.5
@@ -235,10 +231,14 @@ class Router:
         self.synonyms = Synonyms(table.synonyms)
         self.post_model = PostModel.load()
         self.gate_model = PostModel.load(GATE_FILE)
-        for model in (self.post_model, self.gate_model):
-            if set(model.score_weights) != set(table.routes):
+        for known in (
+            set(self.post_model.labels),
+            set(self.post_model.score_weights),
+            set(self.gate_model.score_weights),
+        ):
+            if known != set(table.routes):
                 raise RouterFormatError(
-                    f"the post models know the skills {sorted(model.score_weights)} but the router table "
+                    f"the post models know the skills {sorted(known)} but the router table "
                     f"routes to {sorted(table.routes)}: retrain them with `python -m evals.post_model_training`"
                 )
         self.phrases: list[_Phrase] = []
@@ -635,8 +635,7 @@ class Router:
         if vague and gate:
             # the rules would ask first: the gate model, learned from labelled posts with the rules'
             # verdict among its inputs, may find the post clearly routable instead
-            inputs = gate_inputs(scores, len(posted), "clarify")
-            vague = dict(self.gate_model.rank(post_terms, scores, inputs))["routed"] < GATE_ROUTES
+            vague = not gate_routes_asked_post(self.gate_model, post_terms, scores, len(posted))
         if vague:
             return RouteResult(
                 status="clarify",

@@ -115,7 +115,7 @@ def expand(token: str) -> list[str]:
     return [token, *parts] if len(parts) > 1 else [token]
 
 
-# For precedence rules, where "save model" must not fire on every "save": only glue words go.
+# For the ask and decline rules, where "save model" must not read as every "save": only glue words go.
 GLUE_WORDS = frozenset(
     [
         "a",
