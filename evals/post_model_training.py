@@ -8,7 +8,8 @@ phrases or rules (the phrase scores and the rules' verdict are inputs):
 
 Needs torch (each fit is L-BFGS on a small design matrix, ten to twenty seconds on two cores).
 Both models are multinomial logistic regression (`tools/torch_skills/skillpack/post_model.py`):
-inputs are the post's terms that occur in at least MIN_TERM_POSTS training posts (0/1 each), the
+inputs are the post's features (`post_features`: its terms, valued 1 + ln(count), and its title's
+terms) that occur in at least MIN_TERM_POSTS training posts, the
 eight phrase scores as SCORE_SCALE * score / top score and, for the gate, `gate_inputs` (top
 score, length, the hand-written rules' verdict); L2 weight WEIGHT_DECAY on the weights, none on
 the biases. The skill model learns from the routable real posts (its job is the first skill of a
@@ -17,7 +18,7 @@ routed / clarify / out_of_scope. WEIGHT_DECAY was picked from three values by le
 out on the first eight collections before the ninth was opened; MIN_TERM_POSTS and SCORE_SCALE
 were set before any measurement (evals/routing/README.md, twelfth round); the gate's inputs and
 training sets were chosen by leave-one-collection-out before the eleventh collection was opened
-(fourteenth round). How a post becomes terms, scores and a rules verdict is the router's own code
+(fourteenth round). How a post becomes features, scores and a rules verdict is the router's own code
 (`read_post`), so training and serving read a post the same way.
 """
 
@@ -43,7 +44,6 @@ from torch_skills.skillpack.post_model import (
     gate_routes_asked_post,
 )
 from torch_skills.skillpack.route import Router
-from torch_skills.skillpack.text import terms
 
 ROUTING = Path(__file__).with_name("routing")
 PACKAGE = Path(__file__).parents[1] / "tools" / "torch_skills" / "skillpack"
@@ -57,7 +57,7 @@ NOT_ROUTED = {"clarify": "clarify", "decline": "out_of_scope"}  # label -> the s
 class Post:
     collection: str  # the yaml file's stem
     label: str  # a skill, "clarify" or "decline"
-    terms: frozenset[str]
+    features: dict[str, float]  # post_model.post_features, as Router.features reads the post
     scores: dict[str, float]
     chars: int  # the post's length as `route` reads it
     rules_status: str  # what the hand-written rules alone say
@@ -80,14 +80,15 @@ class Post:
 
 
 def inputs_digest(posts: list[Post], gate: bool = False) -> str:
-    """sha256 over what a model learned from: every training post's collection, label, terms and
+    """sha256 over what a model learned from: every training post's collection, label, features and
     phrase scores (and for the gate its length and the rules' verdict). It changes when a post is
     added or relabelled and when a router edit changes how a post reads; then retrain."""
     h = hashlib.sha256()
     for p in posts:
         scores = ",".join(f"{s}={p.scores[s]:.3f}" for s in sorted(p.scores))
         extra = f"{p.chars}\0{p.rules_status}\0" if gate else ""
-        h.update(f"{p.collection}\0{p.label}\0{' '.join(sorted(p.terms))}\0{scores}\0{extra}".encode())
+        features = " ".join(f"{f}={v:.3f}" for f, v in sorted(p.features.items()))
+        h.update(f"{p.collection}\0{p.label}\0{features}\0{scores}\0{extra}".encode())
     return h.hexdigest()
 
 
@@ -98,7 +99,7 @@ def read_post(router: Router, collection: str, label: str, query: str) -> Post:
     return Post(
         collection,
         label,
-        frozenset(terms(posted, router.synonyms)),
+        router.features(posted),
         by_rules.scores,
         len(posted),
         by_rules.status,
@@ -131,15 +132,15 @@ def fit(posts: list[Post], labels: list[str], label_of: Callable[[Post], str], n
     torch.set_num_threads(1)  # the same weights on every machine
     skills = sorted(posts[0].scores)
     names = sorted(posts[0].inputs) if named_inputs else []
-    df = Counter(t for p in posts for t in p.terms)
+    df = Counter(f for p in posts for f in p.features)
     vocab = sorted(t for t, c in df.items() if c >= MIN_TERM_POSTS)
     index = {t: i for i, t in enumerate(vocab)}
     width = len(vocab) + len(skills) + len(names)
     x = torch.zeros(len(posts), width, dtype=torch.float64)
     for row, post in enumerate(posts):
-        for t in post.terms:
-            if t in index:
-                x[row, index[t]] = 1.0
+        for feature, value in post.features.items():
+            if feature in index:
+                x[row, index[feature]] = value
         top = max(post.scores.values()) or 1.0
         for j, skill in enumerate(skills):
             x[row, len(vocab) + j] = SCORE_SCALE * post.scores[skill] / top
@@ -189,7 +190,7 @@ def fit_gate(posts: list[Post]) -> dict:
 
 
 def first_skill(model: PostModel, post: Post) -> str:
-    return model.rank(post.terms, post.scores)[0][0]
+    return model.rank(post.features, post.scores)[0][0]
 
 
 def gate_status(model: PostModel, post: Post) -> str:
@@ -197,7 +198,7 @@ def gate_status(model: PostModel, post: Post) -> str:
     the gate finds the post routable with probability GATE_ROUTES."""
     if post.rules_status != "clarify":
         return post.rules_status
-    return "routed" if gate_routes_asked_post(model, post.terms, post.scores, post.chars) else "clarify"
+    return "routed" if gate_routes_asked_post(model, post.features, post.scores, post.chars) else "clarify"
 
 
 def leave_one_collection_out(router: Router, posts: list[Post]) -> dict[str, tuple[int, int, int]]:

@@ -10,9 +10,15 @@ import pytest
 
 from evals.post_model_training import Post, inputs_digest, load_all_posts, skill_posts
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
-from torch_skills.skillpack.post_model import GATE_FILE, GATE_LABELS, MODEL_FILE, PostModel
+from torch_skills.skillpack.post_model import (
+    GATE_FILE,
+    GATE_LABELS,
+    MODEL_FILE,
+    TITLE,
+    PostModel,
+    post_features,
+)
 from torch_skills.skillpack.route import Router, RouterFormatError
-from torch_skills.skillpack.text import normalize, terms
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +56,14 @@ def test_both_models_ship_as_package_data_and_know_the_routers_skills(router: Ro
 def test_a_routed_post_starts_with_the_models_first_skill_and_reports_its_probability(router: Router):
     query = "after loading the checkpoint the optimizer state is on the wrong device and resume crashes"
     result = router.route(query)
-    (first, probability), *_ = router.post_model.rank(terms(normalize(query), router.synonyms), result.scores)
+    (first, probability), *_ = router.post_model.rank(router.features(router.read(query)), result.scores)
     assert result.status == "routed"
     assert result.skills[0] == first and result.confidence == round(probability, 2)
 
 
 def test_the_ranking_is_every_skill_with_probabilities_that_sum_to_one(router: Router):
     scores = dict.fromkeys(router.table.routes, 0.0) | {"debugging-techniques": 4.0}
-    ranking = router.post_model.rank(["nan", "loss"], scores)
+    ranking = router.post_model.rank(post_features(["nan", "loss"], []), scores)
     assert sorted(s for s, _ in ranking) == sorted(router.table.routes)
     assert math.isclose(sum(p for _, p in ranking), 1.0)
     assert [p for _, p in ranking] == sorted((p for _, p in ranking), reverse=True)
@@ -68,7 +74,30 @@ def test_words_the_model_never_saw_leave_the_phrase_scores_to_decide(router: Rou
     evidence is one skill's phrases goes to that skill."""
     for skill in router.table.routes:
         scores = dict.fromkeys(router.table.routes, 0.0) | {skill: 5.0}
-        assert router.post_model.rank(["zzqx"], scores)[0][0] == skill, skill
+        assert router.post_model.rank(post_features(["zzqx"], ["zzqx"]), scores)[0][0] == skill, skill
+
+
+def test_a_term_used_again_counts_more_but_less_than_twice():
+    features = post_features(["nan", "loss", "nan", "nan"], [])
+    assert features["loss"] == 1.0
+    assert features["nan"] == pytest.approx(1.0 + math.log(3))
+
+
+def test_the_title_terms_are_features_of_their_own_next_to_the_same_terms_in_the_body():
+    assert post_features(["nan", "loss", "amp"], ["nan", "loss"]) == {
+        "nan": 1.0,
+        "loss": 1.0,
+        "amp": 1.0,
+        TITLE + "nan": 1.0,
+        TITLE + "loss": 1.0,
+    }
+
+
+def test_the_router_reads_the_first_line_with_words_as_the_title(router: Router):
+    features = router.features(router.read("\n\n  \nLoss is NaN with AMP\nbody text about the optimizer"))
+    titled = {f.removeprefix(TITLE) for f in features if f.startswith(TITLE)}
+    assert titled and titled <= set(features)
+    assert not any(f.startswith(TITLE) and "optim" in f for f in features)
 
 
 def test_a_model_for_other_skills_is_refused_with_the_step_that_fixes_it(monkeypatch: pytest.MonkeyPatch):

@@ -138,13 +138,26 @@ def test_a_theory_question_still_declines(router: Router):
         "My IterableDataset yields every sample 4 times when I set num_workers=4. How do I split the "
         "stream between workers?",
         "how do I write a collate_fn that pads variable length sequences to the longest in the batch?",
-        "all my dataloader workers produce the same random crops, do I need worker_init_fn to seed numpy?",
         "with persistent_workers=True do the workers stay alive between epochs?",
     ],
 )
 def test_data_pipeline_correctness_goes_to_the_input_pipeline_reference(router: Router, query: str):
     """Worker sharding, collate_fn and worker seeding route to profiling (its input-pipeline reference)."""
     assert router.route(query).label == "performance-profiling"
+
+
+def test_seeding_dataloader_workers_names_both_the_input_pipeline_and_the_seeds_as_a_close_call(
+    router: Router,
+):
+    """Both skills cover `worker_init_fn` (profiling's data-pipeline correctness, reproducibility's
+    determinism reference); the post model (sixteenth round) weighs them nearly even, and the summary
+    says so instead of hiding the second."""
+    result = router.route(
+        "all my dataloader workers produce the same random crops, do I need worker_init_fn to seed numpy?"
+    )
+    assert set(result.skills[:2]) == {"performance-profiling", "checkpointing-and-reproducibility"}
+    assert result.confidence < 0.9
+    assert "not sure" in result.summary or "close call" in result.summary
 
 
 def test_a_worker_out_of_shared_memory_lists_the_input_pipeline_reference(router: Router):

@@ -1,14 +1,16 @@
 """Two linear models learned from labelled posts: the gate (route, ask or decline) and the first skill.
 
-Use `PostModel.load(GATE_FILE).rank(post_terms, scores, gate_inputs(scores, chars, rules_status))`
+Use `PostModel.load(GATE_FILE).rank(features, scores, gate_inputs(scores, chars, rules_status))`
 -> [("routed" | "clarify" | "out_of_scope", probability), ...] and
-`PostModel.load().rank(post_terms, scores)` -> [(skill, probability), ...], best first, where
-`post_terms` are the post's stemmed terms (`text.terms(normalized_post, synonyms)`) and `scores`
+`PostModel.load().rank(features, scores)` -> [(skill, probability), ...], best first, where
+`features = post_features(post_terms, title_terms)` (the stemmed terms of the whole post and of its
+first line, `text.terms(normalized_text, synonyms)`; `Router.features` builds them) and `scores`
 the router's eight phrase scores. `route` asks the gate first; for a post the gate routes, the
 first skill of the skill model's ranking is where the post goes.
 
 Both are multinomial logistic regression over the same kinds of input: one weight per label for
-each term that occurs in at least two training posts (present or absent, not counted), one per
+each feature found in at least two training posts (a term, valued 1 + ln of how often the post
+uses it, and a term of the title, valued 1: `post_features`), one per
 phrase score, scaled as `score_scale * score / top score`, and, for the gate, four named inputs
 (`gate_inputs`): the top phrase score, the post's length and what the router's hand-written
 decline and clarify rules said. Their weights are package data (`post_model.json`,
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -39,6 +43,18 @@ from typing import Any
 MODEL_FILE = "post_model.json"
 GATE_FILE = "gate_model.json"
 GATE_LABELS = ("routed", "clarify", "out_of_scope")  # the statuses a RouteResult can have
+TITLE = "title:"  # the prefix of a title term's feature: "title:checkpoint"
+
+
+def post_features(post_terms: list[str], title_terms: list[str]) -> dict[str, float]:
+    """What the models read of a post's words: each term valued 1 + ln(times used), and each term
+    of its first line (an issue's title says what it is about) once more, as TITLE + term, valued 1.
+    (Sixteenth round, leave-one-collection-out over thirteen collections: the skill model was right
+    on 1,636 of 1,928 routable posts with these against 1,617 with terms present or absent.)"""
+    counts = Counter(post_terms)
+    features = {term: 1.0 + math.log(n) for term, n in counts.items()}
+    features.update({TITLE + term: 1.0 for term in title_terms})
+    return features
 
 
 # A post the rules would ask about is routed when the gate model finds it at least twice as likely
@@ -48,11 +64,11 @@ GATE_ROUTES = 2 / 3
 
 
 def gate_routes_asked_post(
-    gate: PostModel, post_terms: frozenset[str] | list[str], scores: dict[str, float], chars: int
+    gate: PostModel, features: Mapping[str, float], scores: dict[str, float], chars: int
 ) -> bool:
     """Whether the gate routes a post the hand-written rules would ask about: the one decision it
     makes, for `route` and for the training script's measurements alike."""
-    ranking = gate.rank(post_terms, scores, gate_inputs(scores, chars, "clarify"))
+    ranking = gate.rank(features, scores, gate_inputs(scores, chars, "clarify"))
     return dict(ranking)["routed"] >= GATE_ROUTES
 
 
@@ -72,7 +88,7 @@ class PostModel:
     labels: tuple[str, ...]  # what it ranks: skills, or the gate's statuses
     bias: tuple[float, ...]
     score_weights: dict[str, tuple[float, ...]]  # phrase score of skill -> one weight per label
-    term_weights: dict[str, tuple[float, ...]]  # term -> one weight per label
+    term_weights: dict[str, tuple[float, ...]]  # feature (post_features) -> one weight per label
     input_weights: dict[str, tuple[float, ...]]  # named input (gate_inputs) -> one weight per label
     score_scale: float
     trained_on: int
@@ -99,7 +115,7 @@ class PostModel:
 
     def rank(
         self,
-        post_terms: list[str] | set[str] | frozenset[str],
+        features: Mapping[str, float],
         scores: dict[str, float],
         inputs: dict[str, float] | None = None,
     ) -> list[tuple[str, float]]:
@@ -110,9 +126,9 @@ class PostModel:
             for i, w in enumerate(weights):
                 logits[i] += value * w
 
-        for term in set(post_terms):
-            if term in self.term_weights:
-                add(self.term_weights[term], 1.0)
+        for feature, value in features.items():
+            if feature in self.term_weights:
+                add(self.term_weights[feature], value)
         top = max(scores.values(), default=0.0) or 1.0
         for skill, weights in self.score_weights.items():
             add(weights, self.score_scale * scores.get(skill, 0.0) / top)

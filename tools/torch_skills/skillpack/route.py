@@ -37,12 +37,12 @@ How it decides (deterministic):
    topic), unless the gate model (every labelled post, the rules' verdict among its inputs) finds
    the post routable with probability GATE_ROUTES (`post_model.py`).
 3. Otherwise route: the first skill is the post model's (logistic regression over the post's
-   words and the eight phrase scores, learned from the routable real posts; it replaced the
-   precedence rows, which lost more right answers than they won on posts nobody had tuned on);
-   then the skills scoring FOLLOW_RATIO of the top phrase score, three at most. `confidence` is
-   the model's probability for the first skill; the summary calls a close call under CLOSE_CALL
-   and "likely, not sure" under SURE. The "Precedence" and "Common routing mistakes" tables are
-   advice for agents.
+   words, its title's words and the eight phrase scores, learned from the routable real posts;
+   it replaced the precedence rows, which lost more right answers than they won on posts nobody
+   had tuned on); then the skills scoring FOLLOW_RATIO of the top phrase score, three at most.
+   `confidence` is the model's probability for the first skill; the summary calls a close call
+   under CLOSE_CALL and "likely, not sure" under SURE. The "Precedence" and "Common routing
+   mistakes" tables are advice for agents.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. Only
@@ -62,7 +62,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from torch_skills.skillpack.loader import ROUTER_NAME, SkillPack
-from torch_skills.skillpack.post_model import GATE_FILE, PostModel, gate_routes_asked_post
+from torch_skills.skillpack.post_model import GATE_FILE, PostModel, gate_routes_asked_post, post_features
 from torch_skills.skillpack.router import (
     OutOfScopeTopic,
     RouterFormatError,
@@ -572,6 +572,12 @@ class Router:
         """The post as every later step reads it: a long one cut to its head and tail, normalized."""
         return normalize(_truncate(query or ""))
 
+    def features(self, posted: str) -> dict[str, float]:
+        """What the two post models read of a post as `read` returns it: its terms and its first
+        non-blank line's (`post_model.post_features`)."""
+        title = next((line for line in posted.splitlines() if line.strip()), "")
+        return post_features(terms(posted, self.synonyms), terms(title, self.synonyms))
+
     def route(self, query: str, *, gate: bool = True) -> RouteResult:
         """Route one post (see the module docstring). With `gate=False`, the hand-written decline and
         clarify rules alone decide whether to route: what the gate model reads as their verdict."""
@@ -631,11 +637,11 @@ class Router:
                 or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
             )
         )
-        post_terms = terms(posted, self.synonyms)
+        features = self.features(posted)
         if vague and gate:
             # the rules would ask first: the gate model, learned from labelled posts with the rules'
             # verdict among its inputs, may find the post clearly routable instead
-            vague = not gate_routes_asked_post(self.gate_model, post_terms, scores, len(posted))
+            vague = not gate_routes_asked_post(self.gate_model, features, scores, len(posted))
         if vague:
             return RouteResult(
                 status="clarify",
@@ -648,7 +654,7 @@ class Router:
 
         # 3. route: the post model's first skill (it weighs the post's words and the phrase scores,
         # learned from labelled real posts), then the other skills with FOLLOW_RATIO of the top score
-        first, probability = self.post_model.rank(post_terms, scores)[0]
+        first, probability = self.post_model.rank(features, scores)[0]
         follow = [s for s in ranked if s != first and top > 0 and scores[s] >= FOLLOW_RATIO * top]
         order = [first, *follow][:3]
         confidence = round(probability, 2)
