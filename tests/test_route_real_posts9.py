@@ -64,3 +64,30 @@ def test_lua_torchs_nngraph_is_another_framework(router: Router):
         "How do I copy the weights of the first into the second?"
     )
     assert result.status == "out_of_scope", result.summary
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Weights link not working\nThank you for the great work! The link for the pretrained weights in the "
+        "README now opens the paper's page instead of the file. Could you update it?",
+        "Checkpoints for the ablations\nCould you share the pretrained weights of the ablation models in Table 3?",
+        "预训练权重\n您好，预训练模型的链接失效了，可以重新分享一下吗？The links are not available anymore.",
+    ],
+)
+def test_a_request_for_a_projects_weights_or_links_is_asked_about_even_when_it_names_weights(
+    router: Router, query: str
+):
+    """ "the pretrained weights" is the project's file, not a problem of the user's: without a symptom
+    the post gets the project-request question, not checkpointing."""
+    result = router.route(query)
+    assert result.status == "clarify", result.summary
+    assert "project" in result.clarify
+
+
+def test_a_symptom_after_downloading_the_weights_is_routed(router: Router):
+    result = router.route(
+        "Loss is NaN with your pretrained weights\nI downloaded the checkpoint from the link in the README, "
+        "loaded it with load_state_dict and the loss is NaN from the first step."
+    )
+    assert result.status == "routed", result.summary

@@ -27,7 +27,8 @@ How it decides (deterministic):
    that names PyTorch keeps the `unless` topics; one that names a symptom keeps the `when it
    outweighs` ones: "explain why training is slow" is profiling), or when an English post shows
    no ML word, no code name and no whole phrase.
-2. Ask the "Ask one question first" question when the post is a bare topic name, or names no
+2. Ask the "Ask one question first" question when the post is a bare topic name, or makes a
+   project request ("the link to the weights is dead") and names no symptom, or names no
    symptom (found or described) and no API (a code name, `torch.gather`, `.contiguous()`, one
    of whose parts is evidence) and: has no evidence, or its evidence is one term
    ("checkpoint") or single words with no phrase, or it says a vague phrasing, a help word, a
@@ -114,6 +115,8 @@ QUESTION_MIN = 1.5  # a question sentence scoring this much on its own names som
 MAX_QUESTIONS = 20  # question sentences read on their own (a pasted log can hold thousands)
 BARE_TOPIC_WORDS = 3  # a post of at most this many words, all topic terms, names a topic, not a problem
 SETUP_MIN = 2  # this many setup words next to a number ("lr 3e-4", "batch 64") list a setup
+# the "Ask one question first" row whose question a post gets, with no symptom, whatever its questions name
+PROJECT_REQUEST = "project request"
 _SENTENCE = re.compile(r"(?<=[?!])\s+|(?<=\.)\s+(?=[A-Za-z])|\n+")
 # the clauses of a sentence: what the last one asks is the question ("torch 2.5, any known issues?")
 _CLAUSE = re.compile(r"[,;:]\s+|\.+\s+|\s+[-\u2013\u2014]+\s+|\)\s+")
@@ -229,6 +232,13 @@ class Router:
             )
         self.table = table
         self.synonyms = Synonyms(table.synonyms)
+        self.project_request_asks = frozenset(
+            case.question for case in table.ambiguous if PROJECT_REQUEST in case.phrasings
+        )
+        if not self.project_request_asks:
+            raise RouterFormatError(
+                f'"Ask one question first" has no "{PROJECT_REQUEST}" row: routing-terms.md'
+            )
         self.post_model = PostModel.load()
         self.gate_model = PostModel.load(GATE_FILE)
         for known in (
@@ -628,6 +638,8 @@ class Router:
         )
         vague = (
             (symptom < SYMPTOM_MIN and self._bare_topic(query, qset))
+            # a request for the project's files names their topic, not a problem: it needs a symptom
+            or (ask in self.project_request_asks and max(symptom, described) < SYMPTOM_MIN)
             or not concrete
             and (
                 top < MIN_EVIDENCE
