@@ -1,0 +1,28 @@
+"""The second, blind labellings of the real-post sets (evals/routing/labels) that label_agreement.py reads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+ROUTING = Path(__file__).resolve().parents[1] / "evals" / "routing"
+sys.path.insert(0, str(ROUTING))
+
+from label_agreement import second_labels  # noqa: E402
+
+
+def test_every_set_with_a_second_labelling_has_exactly_one_second_label_per_post():
+    labels = second_labels()
+    sets = {post_id.rsplit("-", 1)[0] for post_id in labels}
+    assert {"real_dev", "real_test", "real_test16"} <= sets
+    for name in sets:
+        posts = yaml.safe_load((ROUTING / f"{name}.yaml").read_text())
+        ids = {post_id for post_id in labels if post_id.rsplit("-", 1)[0] == name}
+        assert ids == {f"{name}-{i:03d}" for i in range(len(posts))}, name
+
+
+def test_second_labels_are_skills_or_clarify_or_decline(router):
+    allowed = set(router.table.routes) | {"clarify", "decline"}
+    assert set(second_labels().values()) <= allowed
