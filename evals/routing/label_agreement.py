@@ -2,7 +2,7 @@
 
 Run from the repository root: `python evals/routing/label_agreement.py`. For every real set with a
 second labelling (labels/real_second_labels.yaml: real_dev and real_test; labels/real_second_labels2.yaml:
-real_test11 ... real_test16; each post's text alone, no source address, no first labels) it prints, per
+real_test11 ... real_test17; each post's text alone, no source address, no first labels) it prints, per
 kind of label (routable, clarify, decline), how often the second label is the first one, and the
 shipped router's answers on all posts and on the posts both labellers agree on (aggregates only: no
 post is printed). The router's skill model and gate learned from these sets, so its figures here are

@@ -59,7 +59,8 @@ def post_features(post_terms: list[str], title_terms: list[str]) -> dict[str, fl
 
 # A post the rules would ask about is routed when the gate model finds it at least twice as likely
 # routable as not (fourteenth round: set by leave-one-collection-out before the eleventh collection;
-# at 2/3 no vague post of the earlier collections was routed, at 1/2 seven were)
+# at 2/3 no vague post of the earlier collections was routed, at 1/2 seven were; over seventeen
+# collections, at 2/3 it routed 64 routable posts the rules ask about and 2 of 334 vague ones)
 GATE_ROUTES = 2 / 3
 
 
