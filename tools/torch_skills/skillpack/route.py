@@ -179,7 +179,7 @@ class RouteResult(BaseModel):
     )
     confidence: float = Field(
         description="0 to 1; routed: the post model's probability for the first skill (from 0.9 it was right on "
-        "93-98% of real posts it had not seen, under 0.5 a close call); out_of_scope: how clearly; 0 for clarify"
+        "93-100% of real posts it had not seen, under 0.5 a close call); out_of_scope: how clearly; 0 for clarify"
     )
     scores: dict[str, float] = Field(
         default_factory=dict, description="raw score per skill, for debugging routing"
