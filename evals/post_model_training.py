@@ -8,8 +8,9 @@ phrases or rules (the phrase scores and the rules' verdict are inputs):
 
 Needs torch (each fit is L-BFGS on a small design matrix, ten to twenty seconds on two cores).
 Both models are multinomial logistic regression (`tools/torch_skills/skillpack/post_model.py`):
-inputs are the post's features (`post_features`: its terms, valued 1 + ln(count), and its title's
-terms) that occur in at least MIN_TERM_POSTS training posts, the
+inputs are the post's features (`post_features`: its terms, valued 1 + ln(count), its title's
+terms and its runs of four characters) that occur in at least MIN_TERM_POSTS training posts
+(MIN_CHAR_POSTS for a character run), the
 eight phrase scores as SCORE_SCALE * score / top score and, for the gate, `gate_inputs` (top
 score, length, the hand-written rules' verdict); L2 weight WEIGHT_DECAY on the weights, none on
 the biases. The skill model learns from the routable real posts (its job is the first skill of a
@@ -36,6 +37,7 @@ import yaml
 
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import (
+    CHARS,
     GATE_FILE,
     GATE_LABELS,
     MODEL_FILE,
@@ -48,6 +50,7 @@ from torch_skills.skillpack.route import Router
 ROUTING = Path(__file__).with_name("routing")
 PACKAGE = Path(__file__).parents[1] / "tools" / "torch_skills" / "skillpack"
 MIN_TERM_POSTS = 2
+MIN_CHAR_POSTS = 5  # a character run needs more posts: there are ten times as many
 SCORE_SCALE = 3.0
 WEIGHT_DECAY = 3e-3
 NOT_ROUTED = {"clarify": "clarify", "decline": "out_of_scope"}  # label -> the status it expects
@@ -133,20 +136,33 @@ def fit(posts: list[Post], labels: list[str], label_of: Callable[[Post], str], n
     skills = sorted(posts[0].scores)
     names = sorted(posts[0].inputs) if named_inputs else []
     df = Counter(f for p in posts for f in p.features)
-    vocab = sorted(t for t, c in df.items() if c >= MIN_TERM_POSTS)
+    vocab = sorted(
+        t for t, c in df.items() if c >= (MIN_CHAR_POSTS if t.startswith(CHARS) else MIN_TERM_POSTS)
+    )
     index = {t: i for i, t in enumerate(vocab)}
     width = len(vocab) + len(skills) + len(names)
-    x = torch.zeros(len(posts), width, dtype=torch.float64)
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+
+    def put(row: int, col: int, value: float) -> None:
+        rows.append(row)
+        cols.append(col)
+        values.append(value)
+
     for row, post in enumerate(posts):
         for feature, value in post.features.items():
             if feature in index:
-                x[row, index[feature]] = value
+                put(row, index[feature], value)
         top = max(post.scores.values()) or 1.0
         for j, skill in enumerate(skills):
-            x[row, len(vocab) + j] = SCORE_SCALE * post.scores[skill] / top
+            put(row, len(vocab) + j, SCORE_SCALE * post.scores[skill] / top)
         inputs = post.inputs
         for j, name in enumerate(names):
-            x[row, len(vocab) + len(skills) + j] = inputs[name]
+            put(row, len(vocab) + len(skills) + j, inputs[name])
+    x = torch.sparse_coo_tensor(
+        [rows, cols], values, (len(posts), width), dtype=torch.float64, check_invariants=True
+    ).coalesce()
     y = torch.tensor([labels.index(label_of(p)) for p in posts])
     weights = torch.zeros(width, len(labels), dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(len(labels), dtype=torch.float64, requires_grad=True)
@@ -160,7 +176,10 @@ def fit(posts: list[Post], labels: list[str], label_of: Callable[[Post], str], n
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(x @ weights + bias, y) + WEIGHT_DECAY * (weights**2).sum()
+        loss = (
+            torch.nn.functional.cross_entropy(torch.sparse.mm(x, weights) + bias, y)
+            + WEIGHT_DECAY * (weights**2).sum()
+        )
         loss.backward()
         return loss
 

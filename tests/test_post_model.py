@@ -11,11 +11,13 @@ import pytest
 from evals.post_model_training import Post, inputs_digest, load_all_posts, skill_posts
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import (
+    CHARS,
     GATE_FILE,
     GATE_LABELS,
     MODEL_FILE,
     TITLE,
     PostModel,
+    char_grams,
     post_features,
 )
 from torch_skills.skillpack.route import Router, RouterFormatError
@@ -91,6 +93,25 @@ def test_the_title_terms_are_features_of_their_own_next_to_the_same_terms_in_the
         TITLE + "nan": 1.0,
         TITLE + "loss": 1.0,
     }
+
+
+def test_a_post_in_chinese_reaches_the_models_through_its_character_runs(router: Router):
+    """The term lists drop CJK characters that no "Words users use" phrase covers; the runs of four
+    characters still carry them to the models."""
+    features = router.features(router.read("多卡训练速度慢"))
+    assert {CHARS + "多卡训练", CHARS + "卡训练速", CHARS + "训练速度", CHARS + "练速度慢"} <= set(features)
+
+
+def test_character_runs_fold_case_and_white_space_and_count_once():
+    runs = char_grams("NaN\n\n  nan nan")
+    assert runs == {CHARS + "nan ": 1.0, CHARS + "an n": 1.0, CHARS + "n na": 1.0, CHARS + " nan": 1.0}
+    assert char_grams("abc") == {}
+
+
+def test_the_models_learned_weights_for_character_runs_seen_in_several_posts():
+    data = json.loads(resources.files("torch_skills.skillpack").joinpath(MODEL_FILE).read_text())
+    runs = [t for t in data["terms"] if t.startswith(CHARS)]
+    assert runs and all(len(t) == len(CHARS) + 4 for t in runs)
 
 
 def test_the_router_reads_the_first_line_with_words_as_the_title(router: Router):

