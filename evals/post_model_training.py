@@ -53,6 +53,9 @@ MIN_TERM_POSTS = 2
 MIN_CHAR_POSTS = 5  # a character run needs more posts: there are ten times as many
 SCORE_SCALE = 3.0
 WEIGHT_DECAY = 3e-3
+# weights are written as integers in units of 1 / WEIGHT_SCALE: the files stay small (a plugin install
+# copies them), and a weight's error of at most 0.00005 moves no ranking the evals see
+WEIGHT_SCALE = 10_000
 NOT_ROUTED = {"clarify": "clarify", "decline": "out_of_scope"}  # label -> the status it expects
 
 
@@ -186,8 +189,8 @@ def fit(posts: list[Post], labels: list[str], label_of: Callable[[Post], str], n
     opt.step(closure)
     w = weights.detach()
 
-    def row(i: int) -> list[float]:
-        return [round(v, 5) for v in w[i].tolist()]
+    def row(i: int) -> list[int]:
+        return [round(v * WEIGHT_SCALE) for v in w[i].tolist()]
 
     return {
         "labels": labels,
@@ -196,6 +199,7 @@ def fit(posts: list[Post], labels: list[str], label_of: Callable[[Post], str], n
         "terms": {t: row(index[t]) for t in vocab},
         "inputs": {n: row(len(vocab) + len(skills) + j) for j, n in enumerate(names)},
         "score_scale": SCORE_SCALE,
+        "weight_scale": WEIGHT_SCALE,
         "trained_on": len(posts),
     }
 
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         (GATE_FILE, fit_gate(all_posts), all_posts),
     ):
         model["inputs_digest"] = inputs_digest(trained, gate=file == GATE_FILE)
-        (PACKAGE / file).write_text(json.dumps(model, sort_keys=True) + "\n")
+        (PACKAGE / file).write_text(json.dumps(model, sort_keys=True, separators=(",", ":")) + "\n")
         print(f"wrote {PACKAGE / file} ({len(trained)} posts, {len(model['terms'])} terms)")
     return 0
 

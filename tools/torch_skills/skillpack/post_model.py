@@ -118,12 +118,17 @@ class PostModel:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PostModel:
         labels = tuple(data["labels"])
+        scale = float(data.get("weight_scale", 1))  # weights may be stored as integers in 1 / scale
+
+        def weights(table: dict[str, list[float]]) -> dict[str, tuple[float, ...]]:
+            return {name: tuple(w / scale for w in row) for name, row in table.items()}
+
         return cls(
             labels=labels,
             bias=tuple(data["bias"]),
-            score_weights={s: tuple(w) for s, w in data["score_weights"].items()},
-            term_weights={t: tuple(w) for t, w in data["terms"].items()},
-            input_weights={n: tuple(w) for n, w in data.get("inputs", {}).items()},
+            score_weights=weights(data["score_weights"]),
+            term_weights=weights(data["terms"]),
+            input_weights=weights(data.get("inputs", {})),
             score_scale=float(data["score_scale"]),
             trained_on=int(data["trained_on"]),
             inputs_digest=str(data.get("inputs_digest", "")),
