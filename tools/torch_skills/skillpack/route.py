@@ -48,7 +48,7 @@ How it decides (deterministic):
 
 Known limitations: bag-of-words matching: a symptom in words no phrase or synonym has is not
 recognized, and a post that only names a topic plus a code name is routed on that topic. The
-phrases and rules read English and the Chinese symptom phrases of "Words users use"; the two
+phrases and rules read English and the Chinese, Japanese and Korean words of "Words users use"; the two
 models also read runs of characters, so a post in another language is routed only when the gate
 is sure of it, and otherwise gets the clarifying question. A question about another framework that shows none of its signs is routed
 as if it were PyTorch. Truncation stemming conflates some words ('parametrize'/'parameter').
