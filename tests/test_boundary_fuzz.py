@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +94,11 @@ def test_any_skill_file_path_reads_a_file_or_gets_a_skill_path_error(name: str, 
         assert str(e)
         return
     assert isinstance(data, bytes)
+
+
+def test_a_skill_file_name_longer_than_the_file_system_allows_is_a_skill_path_error():
+    """A name of over 255 bytes makes the file system refuse the look-up (ENAMETOOLONG): that is
+    "no such file", not a crash (found by the fuzz test above)."""
+    name = next(iter(PACK.skills))
+    with pytest.raises(SkillPathError, match="no file"):
+        PACK.read(name, "0" * 30 + "\u00a1" * 200)

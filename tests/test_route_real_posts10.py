@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from torch_skills.skillpack.route import Router
+from torch_skills.skillpack.text import Synonyms, tokens
 
 
 @pytest.mark.parametrize(
@@ -64,3 +65,28 @@ def test_a_pytorch_problem_that_mentions_an_install_in_passing_is_still_routed(
     result = router.route(query)
     assert result.status == "routed", result.summary
     assert result.skills[0] == skill, result.summary
+
+
+def test_a_synonym_phrase_matches_its_words_inflected_and_without_articles():
+    """A phrase of "Words users use" reads "releasing a pretrained models" as "release the pretrained
+    model"; one word matches only as written, so "freeze" (layers) does not read as "freezes" (hangs)."""
+    synonyms = Synonyms({"release the pretrained model": "project request", "freezes": "hangs"})
+    assert synonyms.apply(tokens("any plan of releasing a pretrained models?")) == [
+        "any", "plan", "of", "project", "request",
+    ]  # fmt: skip
+    assert synonyms.apply(tokens("freeze the backbone")) == ["freeze", "the", "backbone"]
+    assert synonyms.apply(tokens("the run freezes")) == ["the", "run", "hangs"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Could you release a pretrain model? Pretraining on ImageNet is expensive for me.",
+        "The current reproduction result is 89.5, I can not get the 91 reported",
+    ],
+)
+def test_a_request_for_a_projects_weights_or_its_reported_numbers_in_other_words_is_asked_about(
+    router: Router, query: str
+):
+    result = router.route(query)
+    assert result.status == "clarify", result.summary

@@ -198,7 +198,11 @@ class SkillPack:
         candidate = skill.folder.joinpath(*pure.parts)
         if not _inside(skill.folder, candidate):
             raise SkillPathError(f"{path!r} leads outside the skill {name!r}")
-        if not candidate.is_file():
+        try:
+            found = candidate.is_file()
+        except OSError:  # a name the file system refuses (over 255 bytes) names no skill file
+            found = False
+        if not found:
             listing = ", ".join(f.path for f in skill.files)
             raise SkillPathError(f"no file {path!r} in skill {name!r}; its files are: {listing}")
         return candidate

@@ -14,13 +14,13 @@ about PyTorch is hard-coded here.
 How it decides (deterministic):
 0. Read: fold full-width forms; drop the "Not evidence" lines (a `collect_env` dump, issue-
    template headings, a drawn `nvidia-smi` table, a progress bar); apply "Words users use" (a
-   CJK character is a word); stem. Score each skill: the idf-weighted share of each of its
-   phrases found in the post (from 50%), best phrases first with diminishing weight, plus its
-   single terms; a line that opens with one skill's error message word for word counts for
-   that skill only. A *symptom* is a symptom, error or example phrase found (80%) through a
-   word that is not a topic term (keywords, setup and topic words); it is *described* when a
-   symptom or example phrase found in part (from 50%) through such a word scores SYMPTOM_MIN
-   ("RAM grows a bit").
+   CJK character is a word; a phrase matches inflected and without articles); stem. Score each
+   skill: the idf-weighted share of each of its phrases found in the post (from 50%), best
+   phrases first with diminishing weight, plus its single terms; a line that opens with one
+   skill's error message word for word counts for that skill only. A *symptom* is a symptom,
+   error or example phrase found (80%) through a word that is not a topic term (keywords, setup
+   and topic words); it is *described* when a symptom or example phrase found in part (from 50%)
+   through such a word scores SYMPTOM_MIN ("RAM grows a bit").
 1. Decline when another framework's code or log shows (an `on sight` sign: `model.add(`, a
    Keras progress bar, `ttnn`, an import line, a runtime's version in the post's environment),
    when an "Out of scope" topic's signs outweigh the skills' evidence as its row says (a post

@@ -41,6 +41,14 @@ def stem(word: str) -> str:
     """
     if len(word) <= 3 or not word.isalpha():
         return word
+    return uninflect(word)[:STEM_LENGTH]
+
+
+def uninflect(word: str) -> str:
+    """`stem` without the truncation: 'released', 'releasing', 'releases' -> 'releas'; 'reproducible'
+    stays apart from 'reproduce' ('reproduc')."""
+    if len(word) <= 3 or not word.isalpha():
+        return word
     for suffix, repl in (
         ("ies", "y"),
         ("sses", "ss"),
@@ -59,7 +67,7 @@ def stem(word: str) -> str:
         word += "e"  # 'timing' -> 'tim' -> 'time', the same stem as 'time'
     if word.endswith("e") and len(word) > 4:
         word = word[:-1]
-    return word[:STEM_LENGTH]
+    return word
 
 
 _VOWELS = "aeiou"
@@ -165,30 +173,55 @@ def terms(text: str, synonyms: Synonyms | None = None, stop_words: frozenset[str
     return out
 
 
+# Words a synonym's phrase matches with or without: "release the pretrained model" also reads
+# "releasing a pretrained model" and "release pretrained models".
+ARTICLES = frozenset({"a", "an", "the"})
+
+
 class Synonyms:
-    """Rewrites token sequences: {'gpu ram': 'memory', 'vram': 'memory'} (longest match first)."""
+    """Rewrites token sequences: {'gpu ram': 'memory', 'vram': 'memory'} (longest match first).
+
+    A phrase of two or more words matches them inflected (`uninflect`: 'results', 'released') and
+    with or without articles between them; a single word matches as written ('freezes' reads as
+    'hangs', 'freeze' does not)."""
 
     def __init__(self, table: dict[str, str]):
-        self._rules: dict[tuple[str, ...], list[str]] = {}
+        self._words: dict[str, list[str]] = {}  # one-word rules, as written
+        self._phrases: dict[tuple[str, ...], list[str]] = {}  # longer rules, folded
         for src, dst in table.items():
-            key = tuple(tokens(src))
-            if key:
-                self._rules[key] = tokens(dst)
-        self._longest = max((len(k) for k in self._rules), default=0)
+            words = [tok for tok in _parts(tokens(src)) if tok not in ARTICLES]
+            if len(words) == 1:
+                self._words[words[0]] = tokens(dst)
+            elif words:
+                self._phrases[_folded(words)] = tokens(dst)
+        self._longest = max((len(k) for k in self._phrases), default=0)
 
     def apply(self, toks: list[str]) -> list[str]:
-        # hyphenated compounds take part word by word ('gpu-util' matches the rule 'gpu util')
-        toks = [part for tok in toks for part in (tok.split("-") if "-" in tok else [tok]) if part]
+        toks = _parts(toks)
+        words = [i for i, tok in enumerate(toks) if tok not in ARTICLES]  # where each non-article is
+        folded = _folded([toks[i] for i in words])
         out: list[str] = []
-        i = 0
-        while i < len(toks):
-            for n in range(min(self._longest, len(toks) - i), 0, -1):
-                repl = self._rules.get(tuple(toks[i : i + n]))
-                if repl is not None:
-                    out.extend(repl)
-                    i += n
-                    break
-            else:
-                out.append(toks[i])
-                i += 1
+        done = 0  # the tokens before this one are in `out`
+        w = 0
+        while w < len(words):
+            n, repl = next(
+                ((n, r) for n in range(min(self._longest, len(words) - w), 1, -1)
+                 if (r := self._phrases.get(folded[w : w + n])) is not None),
+                (1, self._words.get(toks[words[w]])),
+            )  # fmt: skip
+            if repl is not None:
+                out.extend(toks[done : words[w]])
+                out.extend(repl)
+                done = words[w + n - 1] + 1
+            w += n
+        out.extend(toks[done:])
         return out
+
+
+def _parts(toks: list[str]) -> list[str]:
+    """Hyphenated compounds take part word by word ('gpu-util' matches the rule 'gpu util')."""
+    return [part for tok in toks for part in (tok.split("-") if "-" in tok else [tok]) if part]
+
+
+def _folded(toks: list[str]) -> tuple[str, ...]:
+    return tuple(uninflect(tok) for tok in toks)
