@@ -21,6 +21,9 @@ from torch_skills.skillpack.text import Synonyms, tokens
         ("学習を続けるとメモリリークが起きて、プロセスが落ちます", "tensor-operations-and-memory"),
         ("학습 속도가 너무 느립니다. 데이터 로딩이 병목인가요?", "performance-profiling"),
         ("设置了随机数种子，但每次训练结果都不同", "checkpointing-and-reproducibility"),
+        ("验证的时候显存累计增加，最后OOM", "tensor-operations-and-memory"),
+        ("为什么推理这么慢？一张图片要十几秒", "performance-profiling"),
+        ("训练了两天，loss一直下降不了，是什么原因？", "debugging-techniques"),
     ],
 )
 def test_a_cjk_post_naming_a_symptom_in_everyday_words_is_routed(router: Router, query: str, skill: str):
@@ -90,3 +93,26 @@ def test_a_request_for_a_projects_weights_or_its_reported_numbers_in_other_words
 ):
     result = router.route(query)
     assert result.status == "clarify", result.summary
+
+
+@pytest.mark.parametrize(
+    ("query", "skill"),
+    [
+        (
+            "It takes almost 8 hours for one epoch on a single A100, is that expected?",
+            "performance-profiling",
+        ),
+        (
+            "How do I continue the interrupted training from the last saved epoch?",
+            "checkpointing-and-reproducibility",
+        ),
+        (
+            "I trained the model on a GPU server; how do I load the checkpoint on a laptop with only a CPU?",
+            "checkpointing-and-reproducibility",
+        ),
+    ],
+)
+def test_a_symptom_in_everyday_english_words_is_routed(router: Router, query: str, skill: str):
+    result = router.route(query)
+    assert result.status == "routed", result.summary
+    assert result.skills[0] == skill, result.summary
