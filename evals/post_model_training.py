@@ -13,15 +13,17 @@ terms and its runs of four characters) that occur in at least MIN_TERM_POSTS tra
 (MIN_CHAR_POSTS for a character run), the
 eight phrase scores as SCORE_SCALE * score / top score and, for the gate, `gate_inputs` (top
 score, length, the hand-written rules' verdict); L2 weight SKILL_WEIGHT_DECAY or GATE_WEIGHT_DECAY
-on the weights, none on the biases. The skill model learns from the routable real posts (its job is the first skill of a
-post that `route` routes); the gate from every real post and every machine-written set, labelled
-routed / clarify / out_of_scope. The weight decay was picked from three values by leave-one-
-collection-out on the first eight collections before the ninth was opened, and the skill model's
-again over nineteen collections before the twentieth was opened (eighteenth round); MIN_TERM_POSTS and SCORE_SCALE
-were set before any measurement (evals/routing/README.md, twelfth round); the gate's inputs and
-training sets were chosen by leave-one-collection-out before the eleventh collection was opened
-(fourteenth round). How a post becomes features, scores and a rules verdict is the router's own code
-(`read_post`), so training and serving read a post the same way.
+on the weights, none on the biases. The skill model learns from the routable real posts (its job
+is the first skill of a post that `route` routes); the gate from every real post and every
+machine-written set, labelled routed / clarify / out_of_scope. The weight decay was picked from
+three values by leave-one-collection-out on the first eight collections before the ninth was
+opened, and the skill model's again over nineteen collections before the twentieth was opened
+(eighteenth round); a feature whose weights are all under NEGLIGIBLE_WEIGHT is left out of the
+file. MIN_TERM_POSTS and SCORE_SCALE were set before any measurement (evals/routing/README.md,
+twelfth round); the gate's inputs and training sets were chosen by leave-one-collection-out
+before the eleventh collection was opened (fourteenth round). How a post becomes features, scores
+and a rules verdict is the router's own code (`read_post`), so training and serving read a post
+the same way.
 """
 
 from __future__ import annotations

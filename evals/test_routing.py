@@ -38,10 +38,10 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   labelled from the text alone, no split), read by nobody tuning the router and first scored
   once with the sixth round's frozen router: its baseline. The four sets above were all read
   in that round.
-- real_test4.yaml ... real_test17.yaml (issue 24, rounds seven to sixteen): 159, 166, 176, 182,
-  125, 193, 212, 180, 187, 153, 181, 217, 214 and 196 posts of a fourth to seventeenth
-  collection, the same way, each first scored once with its round's frozen router (its
-  baseline); the sets before it were read in that round.
+- real_test4.yaml ... real_test23.yaml (issue 24, rounds seven to eighteen): 159, 166, 176, 182,
+  125, 193, 212, 180, 187, 153, 181, 217, 214, 196, 220, 222, 224, 219, 224 and 224 posts of a
+  fourth to twenty-third collection, the same way, each first scored once with its round's
+  frozen router (its baseline); the sets before it were read in that round.
 
 Every set is scored by the shipped router. Its skill model (the first skill of a routed post)
 learned from the routable posts of every real*.yaml set, and its gate (whether a post the rules
