@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
 
 STOP_WORDS = frozenset(
     """a an the and or but if then else of to in on at by for with without from into onto over under
@@ -39,11 +40,10 @@ def stem(word: str) -> str:
     Truncation stemming is crude but predictable and needs no dictionary; the router's synonym
     table covers the few words it conflates or separates wrongly.
     """
-    if len(word) <= 3 or not word.isalpha():
-        return word
-    return uninflect(word)[:STEM_LENGTH]
+    return uninflect(word)[:STEM_LENGTH] if word.isalpha() else word
 
 
+@lru_cache(maxsize=1 << 16)  # every post's words go through it, several times per route
 def uninflect(word: str) -> str:
     """`stem` without the truncation: 'released', 'releasing', 'releases' -> 'releas'; 'reproducible'
     stays apart from 'reproduce' ('reproduc')."""
@@ -204,11 +204,11 @@ class Synonyms:
         done = 0  # the tokens before this one are in `out`
         w = 0
         while w < len(words):
-            n, repl = next(
-                ((n, r) for n in range(min(self._longest, len(words) - w), 1, -1)
-                 if (r := self._phrases.get(folded[w : w + n])) is not None),
-                (1, self._words.get(toks[words[w]])),
-            )  # fmt: skip
+            n, repl = 1, self._words.get(toks[words[w]])
+            for longer in range(min(self._longest, len(words) - w), 1, -1):  # the longest phrase wins
+                if (phrase := self._phrases.get(folded[w : w + longer])) is not None:
+                    n, repl = longer, phrase
+                    break
             if repl is not None:
                 out.extend(toks[done : words[w]])
                 out.extend(repl)
