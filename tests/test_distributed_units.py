@@ -16,14 +16,28 @@ from torch_skills.distributed.launch import RankExit
 from torch_skills.distributed.rank import shard_batch
 
 
-def _rank(rank, *, ok=True, calls=(), error=None, killed=None, signal=None, exit_code=None, result=None):
+def _rank(
+    rank,
+    *,
+    ok=True,
+    calls=(),
+    error=None,
+    killed=None,
+    signal=None,
+    exit_code=None,
+    result=None,
+    status="step 1 forward",
+    crashed_at=None,
+    seconds=1.0,
+):
     code = 0 if ok else exit_code
     return RankFiles(
-        RankExit(rank, 1000 + rank, code, signal, killed, 1.0),
-        "step 1 forward",
+        RankExit(rank, 1000 + rank, code, signal, killed, seconds),
+        status,
         (result or {"rank": rank, "steps": [], "usage": []}) if ok else None,
         error,
         list(calls),
+        crashed_at=crashed_at,
     )
 
 
@@ -172,3 +186,33 @@ def test_a_rank_that_died_of_a_signal_is_blamed_when_no_other_rank_failed_by_its
              "message": "Connection closed by peer"})]  # fmt: skip
     (finding,) = failure_findings(ranks)
     assert (finding.code, finding.ranks) == ("rank_crashed", [0])
+
+
+def test_a_rank_that_aborted_after_its_peer_segfaulted_is_stopped_with_it_not_blamed():
+    """Once in CI on a busy machine: rank 1 segfaulted in forward, rank 0 reached backward's all-reduce
+    and aborted (SIGABRT) on the closed connection a moment later. The first crash is the failure."""
+    ranks = [
+        _rank(0, ok=False, signal=6, status="probe step backward", crashed_at=100.020),
+        _rank(1, ok=False, signal=11, status="probe step forward", crashed_at=100.001),
+    ]
+    (finding,) = failure_findings(ranks)
+    assert (finding.code, finding.ranks) == ("rank_crashed", [1])
+    assert "signal 11" in finding.message and "Ranks [0] were stopped" in finding.message
+
+
+def test_ranks_that_crashed_the_same_way_in_the_same_phase_stay_one_finding():
+    ranks = [
+        _rank(0, ok=False, signal=11, crashed_at=100.003),
+        _rank(1, ok=False, signal=11, crashed_at=100.001),
+    ]
+    (finding,) = failure_findings(ranks)
+    assert finding.ranks == [0, 1] and "stopped" not in finding.message
+
+
+def test_without_crash_dumps_the_first_exit_the_supervisor_saw_is_the_failure():
+    ranks = [
+        _rank(0, ok=False, signal=6, status="step 1 backward", seconds=2.5),
+        _rank(1, ok=False, signal=9, status="step 1 forward", seconds=2.1),
+    ]
+    (finding,) = failure_findings(ranks)
+    assert finding.ranks == [1]

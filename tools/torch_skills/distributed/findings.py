@@ -35,6 +35,14 @@ def _read_text(path) -> str | None:
         return None
 
 
+def _written_at(path) -> float | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime if st.st_size else None
+
+
 def _fault_where(dump: str) -> str | None:
     """The innermost user frame of a faulthandler dump ('File "x.py", line 12 in forward', innermost first)."""
     import sysconfig
@@ -63,6 +71,7 @@ class RankFiles:
     error: dict[str, Any] | None
     calls: list[dict[str, Any]] = field(default_factory=list)
     fault_where: str | None = None  # from faulthandler's dump of a crashed rank
+    crashed_at: float | None = None  # when faulthandler wrote that dump (the file's mtime), else None
 
     @classmethod
     def read(cls, plan: Plan, exits: list[RankExit]) -> list[RankFiles]:
@@ -83,6 +92,7 @@ class RankFiles:
                     _read_json(plan.path(e.rank, "error.json")),
                     calls,
                     _fault_where(_read_text(plan.path(e.rank, "fault.txt")) or ""),
+                    _written_at(plan.path(e.rank, "fault.txt")),
                 )
             )
         return ranks
@@ -143,6 +153,7 @@ def failure_findings(ranks: list[RankFiles]) -> list[DistributedFinding]:
     # own, it shows again once the first failure is fixed.
     if any(r.outcome() in ("error", "exited_early") for r in culprits):
         culprits = [r for r in culprits if r.outcome() != "crashed"]
+    culprits = _first_crash_and_its_kind(culprits)
     if not culprits:  # every failed rank only waited on a peer: the one killed outside a collective hung
         culprits = [r for r in failed if r.error is None and r.exit.killed_for is not None] or failed
     findings = []
@@ -186,6 +197,22 @@ def failure_findings(ranks: list[RankFiles]) -> list[DistributedFinding]:
             )
         )
     return findings
+
+
+def _first_crash_and_its_kind(culprits: list[RankFiles]) -> list[RankFiles]:
+    """Of several ranks killed by signals, the first to die and those that died the same way.
+
+    A rank whose peer segfaulted often aborts a moment later (SIGABRT from the collective library's
+    thread on the closed connection, in whatever phase it had reached): it is a victim. Ranks that
+    crashed with the same signal in the same phase are one bug on every rank and stay together.
+    The order comes from the time faulthandler wrote each dump, or the exit seen by the supervisor.
+    """
+    crashed = [r for r in culprits if r.outcome() == "crashed"]
+    if len(crashed) < 2:
+        return culprits
+    first = min(crashed, key=lambda r: (r.crashed_at is None, r.crashed_at or 0.0, r.exit.seconds))
+    later = [r for r in crashed if (r.exit.signal, r.status) != (first.exit.signal, first.status)]
+    return [r for r in culprits if r not in later]
 
 
 def _key(call: dict[str, Any] | None) -> tuple | None:
