@@ -1,8 +1,9 @@
-"""route() on three failure classes of real users' posts left after eighteen rounds (issue 24).
+"""route() on the failure classes of real users' posts left after eighteen rounds (issue 24).
 
-Lua Torch7 logs and TensorFlow 1 session code were routed as PyTorch questions (their only signs
-were a Lua traceback line or `sess.run(..., feed_dict=...)`), and "how do I count the FLOPs and
-parameters of the model?" was asked to clarify. The queries are written here in the style of those
+Lua Torch7 logs, TensorFlow 1 session code, a Caffe `Check failed` log and Keras' `Unknown layer`
+were routed as PyTorch questions; "how do I count the FLOPs and parameters of the model?" and
+"resume starts from scratch" (in Chinese) were asked to clarify; "could you provide the weights of
+your trained model?" was routed to checkpointing. The queries are written here in the style of those
 posts, not copied from them; the real posts themselves are scored in evals/routing/real_test*.yaml.
 """
 
@@ -30,13 +31,18 @@ I get this error when I run the demo
         "\tno file '/home/me/torch/install/lib/lua/5.1/cudnn.so'",
         "代码有问题\n\n1：占位符没有定义\n2：训练时 sess.run 没有传 feed_dict",
         "The input placeholder is never fed: feed_dict={} is passed after the batch",
+        "No LuaRocks module found for 'dpnn' after I pulled the repository again",
+        "out of memory at test time\n\nF0517 09:12:44.118273  2231 syncedmem.cpp:56] Check failed: "
+        "error == cudaSuccess (2 vs. 0)  out of memory",
+        "ValueError: Unknown layer: AttentionPooling\n\nTraining was fine, the error comes when I load the saved model.",
     ],
 )
 def test_another_frameworks_traceback_or_session_code_is_declined_as_another_framework(
     router: Router, query: str
 ):
-    """A Lua traceback line (`file.lua:5:`, luajit, qlua) is Torch7, even with `torch` in its paths;
-    `sess.run(` and `feed_dict` are TensorFlow 1. The post is declined as another
+    """A Lua traceback line (`file.lua:5:`, luajit, qlua, LuaRocks) is Torch7, even with `torch` in its
+    paths; `sess.run(` and `feed_dict` are TensorFlow 1; a glog `Check failed` line is Caffe's; `Unknown
+    layer:` is Keras loading a model. The post is declined as another
     framework's, not as an install problem and not routed on the words around the code."""
     result = router.route(query)
     assert result.status == "out_of_scope", result.summary
@@ -62,3 +68,23 @@ def test_pip_saying_no_matching_distribution_is_declined(router: Router):
         'pip says "no matching distribution" for torch 2.0.0+cu118, which version do I need?'
     )
     assert result.status == "out_of_scope", result.summary
+
+
+def test_resume_that_starts_from_scratch_in_chinese_is_routed_to_checkpointing(router: Router):
+    result = router.route("断点续训问题\n\n加了resume参数以后，训练还是从头开始训练，请问怎么解决？")
+    assert result.status == "routed", result.summary
+    assert result.skills[0] == "checkpointing-and-reproducibility", result.summary
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "checkpoint available?\n\nCould you please provide the weights of your trained model? Thanks!",
+        "Trained checkpoints\n\nWould it be possible to share trained weights? We are comparing several models.",
+    ],
+)
+def test_asking_the_authors_for_their_trained_weights_gets_the_project_question(router: Router, query: str):
+    """Asking for a project's weights names no problem of the asker's: the post gets the clarifying
+    question, not a checkpointing answer."""
+    result = router.route(query)
+    assert result.status == "clarify", result.summary
