@@ -1,7 +1,8 @@
 """route() on the failure classes of real users' posts left after eighteen rounds (issue 24).
 
-Lua Torch7 logs, TensorFlow 1 session code, a Caffe `Check failed` log and Keras' `Unknown layer`
-were routed as PyTorch questions; "how do I count the FLOPs and parameters of the model?" and
+Lua Torch7 logs, TensorFlow 1 session code, Caffe logs, Caffe2 `workspace` calls, Keras' `Unknown
+layer` and input-shape checks and TensorRT's tools were routed as PyTorch questions, and license
+questions were asked to clarify; "how do I count the FLOPs and parameters of the model?" and
 "resume starts from scratch" (in Chinese) were asked to clarify; "could you provide the weights of
 your trained model?" was routed to checkpointing. The queries are written here in the style of those
 posts, not copied from them; the real posts themselves are scored in evals/routing/real_test*.yaml.
@@ -88,3 +89,30 @@ def test_asking_the_authors_for_their_trained_weights_gets_the_project_question(
     question, not a checkpointing answer."""
     result = router.route(query)
     assert result.status == "clarify", result.summary
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Error creating layer conv3_2\n\nTraining stops right away.\n\n"
+        "I0912 10:02:11.514871 20411 net.cpp:150] Setting up data\n"
+        "I0912 10:02:11.514902 20411 net.cpp:157] Top shape: 8 3 224 224 (1204224)",
+        "The program returns at workspace.RunNet(train_model.net.Proto().name) without any error, why?",
+        "ValueError: Input 0 of layer sequential_1 is incompatible with the layer: expected ndim=3, found ndim=2",
+        "ValueError: Error when checking input: expected dense_input to have 2 dimensions, but got array with shape (32, 4, 4)",
+        "trtexec fails to build the engine for my detector",
+        "No importer registered for op: GridSample when I parse the exported model",
+    ],
+)
+def test_caffe_logs_caffe2_calls_keras_shape_checks_and_tensorrt_tools_are_declined(
+    router: Router, query: str
+):
+    """A glog line from a C++ framework, Caffe2's `workspace` calls, Keras' input checks and TensorRT's
+    tools are other frameworks' signs: the post is declined."""
+    result = router.route(query)
+    assert result.status == "out_of_scope", result.summary
+
+
+def test_a_question_about_the_license_is_declined(router: Router):
+    result = router.route("Model license\n\nCan the released model be used in commercial software?")
+    assert result.status == "out_of_scope", result.summary
