@@ -216,3 +216,14 @@ def test_without_crash_dumps_the_first_exit_the_supervisor_saw_is_the_failure():
     ]
     (finding,) = failure_findings(ranks)
     assert finding.ranks == [1]
+
+
+def test_a_rank_killed_without_a_dump_is_ordered_by_the_exits_the_supervisor_saw():
+    """SIGKILL (the OOM killer) leaves no faulthandler dump; its peer's abort does. Dump times and
+    exit times are different clocks, so the exits decide: the killed rank went first."""
+    ranks = [
+        _rank(0, ok=False, signal=9, status="step 1 forward", seconds=2.00),
+        _rank(1, ok=False, signal=6, status="step 1 backward", crashed_at=100.5, seconds=2.04),
+    ]
+    (finding,) = failure_findings(ranks)
+    assert finding.ranks == [0] and "signal 9" in finding.message

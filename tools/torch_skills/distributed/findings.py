@@ -205,12 +205,16 @@ def _first_crash_and_its_kind(culprits: list[RankFiles]) -> list[RankFiles]:
     A rank whose peer segfaulted often aborts a moment later (SIGABRT from the collective library's
     thread on the closed connection, in whatever phase it had reached): it is a victim. Ranks that
     crashed with the same signal in the same phase are one bug on every rank and stay together.
-    The order comes from the time faulthandler wrote each dump, or the exit seen by the supervisor.
+    The order comes from the time faulthandler wrote each dump when every crashed rank left one;
+    otherwise (a SIGKILL, from the OOM killer say, leaves none) from the exits the supervisor saw.
     """
     crashed = [r for r in culprits if r.outcome() == "crashed"]
     if len(crashed) < 2:
         return culprits
-    first = min(crashed, key=lambda r: (r.crashed_at is None, r.crashed_at or 0.0, r.exit.seconds))
+    if all(r.crashed_at is not None for r in crashed):
+        first = min(crashed, key=lambda r: (r.crashed_at, r.exit.seconds))
+    else:
+        first = min(crashed, key=lambda r: r.exit.seconds)
     later = [r for r in crashed if (r.exit.signal, r.status) != (first.exit.signal, first.status)]
     return [r for r in culprits if r not in later]
 
