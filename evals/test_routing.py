@@ -40,8 +40,8 @@ Labels: the first skill, "clarify" (the post names no symptom: ask one question)
   in that round.
 - real_test4.yaml ... real_test27.yaml (issue 24, rounds seven to nineteen): 159, 166, 176, 182,
   125, 193, 212, 180, 187, 153, 181, 217, 214, 196, 220, 222, 224, 219, 224, 224, 225, 229, 224
-  and 225 posts of a fourth to twenty-seventh collection, the same way, each first scored once with its round's
-  frozen router (its baseline); the sets before it were read in that round.
+  and 225 posts of a fourth to twenty-seventh collection, the same way, each first scored once
+  with its round's frozen router (its baseline); the sets before it were read in that round.
 
 Every set is scored by the shipped router. Its skill model (the first skill of a routed post)
 learned from the routable posts of every real*.yaml set, and its gate (whether a post the rules

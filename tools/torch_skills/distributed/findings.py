@@ -77,6 +77,7 @@ class RankFiles:
     def read(cls, plan: Plan, exits: list[RankExit]) -> list[RankFiles]:
         ranks = []
         for e in exits:
+            fault = plan.path(e.rank, "fault.txt")
             calls = []
             text = _read_text(plan.path(e.rank, "calls.jsonl")) or ""
             for line in text.splitlines():
@@ -91,8 +92,8 @@ class RankFiles:
                     _read_json(plan.path(e.rank, "result.json")),
                     _read_json(plan.path(e.rank, "error.json")),
                     calls,
-                    _fault_where(_read_text(plan.path(e.rank, "fault.txt")) or ""),
-                    _written_at(plan.path(e.rank, "fault.txt")),
+                    _fault_where(_read_text(fault) or ""),
+                    _written_at(fault),
                 )
             )
         return ranks
