@@ -8,7 +8,7 @@ from importlib import resources
 
 import pytest
 
-from evals.post_model_training import Post, inputs_digest, load_all_posts, skill_posts
+from evals.post_model_training import Post, collection_folds, inputs_digest, load_all_posts, skill_posts
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import (
     CHARS,
@@ -172,3 +172,13 @@ def test_the_gate_may_overrule_an_ask_and_nothing_else():
     for status in ("clarify", "out_of_scope"):
         router.gate_model = _gate_sure_of(router, status)
         assert [router.route(q).status for q in (keras, nan, vague)] == ["out_of_scope", "routed", "clarify"]
+
+
+def test_held_out_groups_cover_every_collection_once_and_stay_few_as_collections_are_added():
+    names = {f"real_test{i}" for i in range(30)}
+    groups = collection_folds(names, 8)
+    assert len(groups) == 8
+    assert sorted(n for g in groups for n in g) == sorted(names)
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert collection_folds({"real_dev", "real_test"}, 8) == [{"real_dev"}, {"real_test"}]
+    assert [len(g) for g in collection_folds(names, None)] == [1] * 30
