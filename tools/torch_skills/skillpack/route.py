@@ -31,7 +31,8 @@ How it decides (deterministic):
    project request ("the link to the weights is dead") and names no symptom, or names no
    symptom (found or described) and no API (a code name, `torch.gather`, `.contiguous()`, one
    of whose parts is evidence) and: has no evidence, or its evidence is one term
-   ("checkpoint") or single words with no phrase, or it says a vague phrasing, a help word, a
+   ("checkpoint") that no question of the post asks about or that a project request asks
+   for, or single words with no phrase, or it says a vague phrasing, a help word, a
    review phrase or a setup list while none of its questions names anything routable (a
    question with a review phrase, which includes questions to a project's authors, "is it as
    fast as the paper?", needs a symptom; a title that asks gives way to a body question on its
@@ -241,6 +242,11 @@ class Router:
             raise RouterFormatError(
                 f'"Ask one question first" has no "{PROJECT_REQUEST}" row: routing-terms.md'
             )
+        # the terms of what a project request asks for ("share the checkpoint", "upload the weights"):
+        # a question whose one keyword is among them asks about the project's files, not a problem
+        self.project_terms = frozenset(
+            t for said, read in table.synonyms.items() if read == PROJECT_REQUEST for t in terms(said)
+        )
         self.post_model = PostModel.load()
         self.gate_model = PostModel.load(GATE_FILE)
         for known in (
@@ -645,7 +651,15 @@ class Router:
             or not concrete
             and (
                 top < MIN_EVIDENCE
-                or len(found.terms[ranked[0]]) < 2  # one keyword ("checkpoint", "pretrained") is a topic
+                # one keyword ("checkpoint", "pretrained") is a topic, unless a question asks about it
+                # ("How to resume from an interrupted run?") and it is not a project's file
+                or (
+                    len(found.terms[ranked[0]]) < 2
+                    and (
+                        found.terms[ranked[0]] <= self.project_terms
+                        or not self._asks_routable_question(prose)
+                    )
+                )
                 or not evidence[ranked[0]]  # single words, no phrase
                 or self._asks_for_help(prose, ask is not None)
                 or (question is not None and vagueness >= 0.5 and top < 2 * MIN_EVIDENCE)
