@@ -1,4 +1,4 @@
-"""route() on a failure class of real users' posts left after nineteen rounds (issue 24).
+"""route() on failure classes of real users' posts left after nineteen rounds (issue 24).
 
 A short question about one thing, named by a single keyword ("How do I resume an interrupted run?",
 "where do I set the seed?", "how did you measure the latency?"), was asked to clarify: one keyword
@@ -44,3 +44,50 @@ def test_a_question_about_one_named_thing_is_routed_to_its_skill(router: Router,
 def test_a_question_for_the_projects_files_still_gets_the_clarifying_question(router: Router, query: str):
     result = router.route(query)
     assert result.status == "clarify", (result.status, result.skills)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Are the pretrained weights going to be released?",
+        "The checkpoints are still unreleased after a year, when can we get them?",
+    ],
+)
+def test_asking_when_the_weights_are_released_gets_the_clarifying_question(router: Router, query: str):
+    result = router.route(query)
+    assert result.status == "clarify", (result.status, result.skills)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "NaN loss\n\nI run it with TensorFlow2.6.0 and the loss is nan after the first epoch",
+        "error in the data loader\n\nTraceback (most recent call last):\n"
+        '  File "/opt/conda/lib/python3.8/site-packages/mxnet/gluon/data/dataloader.py", line 120, in __iter__\n'
+        "    batch = next(it)\nValueError: the batch is empty",
+        "MXNetError: [10:21:03] src/ndarray/ndarray.cc:1279: shape mismatch in the loss",
+        "Why do you call stop_gradient on the target branch? Is the gradient not needed there?",
+        "Training is slow with my LSTM, should I switch to CuDNNLSTM to get faster epochs?",
+        "Training on two GPUs fails: AttributeError: 'CollectiveAllReduce' object has no attribute '_pool'",
+        "How can I speed up training? I am new to taichi and the fitting takes an hour on a T4.",
+    ],
+)
+def test_another_frameworks_name_version_traceback_or_api_is_declined(router: Router, query: str):
+    result = router.route(query)
+    assert result.status == "out_of_scope", (result.status, result.skills, result.summary)
+
+
+@pytest.mark.parametrize(
+    ("query", "skill"),
+    [
+        ("loss 一直不降低，一直在 3 左右上下波动，是什么原因？", "debugging-techniques"),
+        ("这两个分支之间是共享权重的吗？", "module-design-patterns"),
+        ("Is it normal that my gradient remains at 0 for the whole run?", "debugging-techniques"),
+    ],
+)
+def test_a_loss_that_does_not_fall_shared_weights_and_a_gradient_stuck_at_zero_are_routed(
+    router: Router, query: str, skill: str
+):
+    result = router.route(query)
+    assert result.status == "routed", result.summary
+    assert result.skills[0] == skill, result.skills

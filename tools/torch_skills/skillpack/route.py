@@ -825,6 +825,9 @@ def _is_question(sentence: str) -> bool:
 _EMPHASIS = re.compile(r"(?<!\w)_(?=[a-z])|(?<=[a-z0-9)])_(?!\w)")
 
 
+_VERSIONED = re.compile(r"([a-z]{3,})\d+$")
+
+
 def _words(text: str) -> list[str]:
     """Words for out-of-scope and PyTorch signs: lower-cased first (no CamelCase split), no stemming,
     glue words dropped; 'torch.cuda.is_available' -> [that, 'torch', 'cuda', 'is_available', 'available']."""
@@ -842,6 +845,8 @@ def _words(text: str) -> list[str]:
             out.extend(pieces if len(pieces) > 1 else [])
         if len(parts) == 1 and "_" in tok:
             out.extend(p for p in tok.split("_") if p)
+        # a name with its version run on ('tensorflow2.4.1', 'torch1.8') is the name too
+        out.extend(m.group(1) for m in map(_VERSIONED.match, parts[:1]) if m)
     return [w for w in out if w not in GLUE_WORDS]
 
 
