@@ -90,10 +90,10 @@ FOLLOW_RATIO = 0.45  # after the first skill, the skills whose phrase score is t
 # than right), and the summary says so when a second skill is listed.
 CLOSE_CALL = 0.5
 # From this probability the first skill is sure enough to start without weighing the second: on
-# real posts the model had not learned from it was right on 2,564 of 2,653 (leave-one-collection-
-# out, twenty-six collections) and on 111 of 112, 97 of 99, 106 of 108 and 97 of 100 (the
-# twenty-fourth to twenty-seventh collections, scored fresh); between CLOSE_CALL and SURE on 61%
-# to 78% of posts, under CLOSE_CALL on under half (evals/routing/README.md).
+# real posts the model had not learned from it was right on 2,798 of 2,901 (leave-one-collection-
+# out, twenty-eight collections) and on 113 of 119 and 99 of 102 (the twenty-eighth and
+# twenty-ninth collections, scored fresh); between CLOSE_CALL and SURE on 60% to 78% of posts,
+# under CLOSE_CALL on under half (evals/routing/README.md).
 SURE = 0.9
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
 # phrase (not just topic keywords) scores at least this much ("names a symptom").
