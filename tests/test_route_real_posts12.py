@@ -3,9 +3,15 @@
 A short question about one thing, named by a single keyword ("How do I resume an interrupted run?",
 "where do I set the seed?", "how did you measure the latency?"), was asked to clarify: one keyword
 was read as a bare topic even where a question asks about it. A request for the project's files
-("do you have the checkpoints of the ablation models?") still gets the clarifying question. The
-queries are written here in the style of those posts, not copied from them; the real posts
-themselves are scored in evals/routing/real_test*.yaml.
+("do you have the checkpoints of the ablation models?") still gets the clarifying question, and so
+does "will the weights be released?" in any word order. Another framework's version written run-on
+("TensorFlow2.4.1"), a traceback through an installed MXNet or Paddle package, `stop_gradient`,
+Keras' `CuDNNLSTM` and "Input 0 is incompatible with layer ...", TensorFlow's `CollectiveAllReduce`,
+"Tensor flow" in two words and Taichi were routed or asked about. Chinese "loss 不降低" and "共享权重",
+"the gradient remains at 0" and "breakpoint training" (resuming) were asked about, and generated
+images that come out solid black were declined as "not machine learning". The queries are written
+here in the style of those posts, not copied from them; the real posts themselves are scored in
+evals/routing/real_test*.yaml.
 """
 
 from __future__ import annotations
@@ -91,3 +97,34 @@ def test_a_loss_that_does_not_fall_shared_weights_and_a_gradient_stuck_at_zero_a
     result = router.route(query)
     assert result.status == "routed", result.summary
     assert result.skills[0] == skill, result.skills
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Black images\n\nNo error at all, but every generated image is solid black. What could cause this?",
+        "Generated image is completely black\n\nThe script finishes with no error, but the generated image is completely black.",
+    ],
+)
+def test_generated_images_that_come_out_black_are_a_debugging_question(router: Router, query: str):
+    result = router.route(query)
+    assert result.status == "routed", (result.status, result.summary)
+    assert result.skills[0] == "debugging-techniques", result.skills
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "ValueError: Input 0 is incompatible with layer dense_2: expected min_ndim=2, found ndim=1",
+        "Tensor flow keeps crashing on my laptop, what should I check?",
+    ],
+)
+def test_keras_shape_checks_and_tensor_flow_in_two_words_are_declined(router: Router, query: str):
+    result = router.route(query)
+    assert result.status == "out_of_scope", (result.status, result.skills, result.summary)
+
+
+def test_breakpoint_training_reads_as_resuming(router: Router):
+    result = router.route("How can I do breakpoint training?")
+    assert result.status == "routed", result.summary
+    assert result.skills[0] == "checkpointing-and-reproducibility", result.skills
