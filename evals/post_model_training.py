@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -261,11 +262,29 @@ def collection_folds(collections: set[str], folds: int | None) -> list[set[str]]
     return [set(names[i::count]) for i in range(count)]
 
 
+class HeldOut(NamedTuple):
+    """One held-out collection: its routable posts, how many the skill model trained without it and
+    the phrase-score argmax got right, and how many only one of the two got right."""
+
+    posts: int
+    model_right: int
+    argmax_right: int
+    only_model: int
+    only_argmax: int
+
+    def clearly_worse(self) -> bool:
+        """Whether the model loses to the argmax by more than chance allows: of the posts only one
+        of them got right, the argmax's share exceeds the model's by over two standard deviations
+        (a sign test, about 2.5% one-sided when they are equally good)."""
+        split = self.only_model + self.only_argmax
+        return self.only_argmax - self.only_model > 2 * split**0.5
+
+
 def leave_one_collection_out(
     router: Router, posts: list[Post], folds: int | None = None
-) -> dict[str, tuple[int, int, int]]:
-    """Per real collection: (routable posts, right by a skill model trained without it, right by the
-    phrase-score argmax). `posts` are the skill model's (`load_posts`). With `folds`, the
+) -> dict[str, HeldOut]:
+    """Per real collection: a `HeldOut` for a skill model trained without it against the phrase-score
+    argmax. `posts` are the skill model's (`load_posts`). With `folds`, the
     collections are held out that many groups at a time (`collection_folds`). The router's
     phrases were tuned on every collection, so the second figure still leans on this collection
     through the scores; the fresh-collection figures do not."""
@@ -274,9 +293,15 @@ def leave_one_collection_out(
         model = PostModel.from_json(fit_skill_model([p for p in posts if p.collection not in held]))
         for name in sorted(held):
             test = [p for p in posts if p.collection == name]
-            right = sum(first_skill(model, p) == p.label for p in test)
-            argmax = sum(max(p.scores, key=lambda s: (p.scores[s], s)) == p.label for p in test)
-            out[name] = (len(test), right, argmax)
+            by_model = [first_skill(model, p) == p.label for p in test]
+            by_argmax = [max(p.scores, key=lambda s: (p.scores[s], s)) == p.label for p in test]
+            out[name] = HeldOut(
+                len(test),
+                sum(by_model),
+                sum(by_argmax),
+                sum(m and not a for m, a in zip(by_model, by_argmax, strict=True)),
+                sum(a and not m for m, a in zip(by_model, by_argmax, strict=True)),
+            )
     return dict(sorted(out.items()))
 
 
@@ -303,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     posts = skill_posts(all_posts)
     if args.loco:
         total = [0, 0, 0]
-        for held, (n, right, argmax) in leave_one_collection_out(router, posts).items():
+        for held, (n, right, argmax, _, _) in leave_one_collection_out(router, posts).items():
             print(f"{held}: skill model {right}/{n}, phrase-score argmax {argmax}/{n}")
             total = [a + b for a, b in zip(total, (n, right, argmax), strict=True)]
         print(f"all: skill model {total[1]}/{total[0]}, phrase-score argmax {total[2]}/{total[0]}")

@@ -8,7 +8,14 @@ from importlib import resources
 
 import pytest
 
-from evals.post_model_training import Post, collection_folds, inputs_digest, load_all_posts, skill_posts
+from evals.post_model_training import (
+    HeldOut,
+    Post,
+    collection_folds,
+    inputs_digest,
+    load_all_posts,
+    skill_posts,
+)
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import (
     CHARS,
@@ -182,3 +189,10 @@ def test_held_out_groups_cover_every_collection_once_and_stay_few_as_collections
     assert max(map(len, groups)) - min(map(len, groups)) <= 1
     assert collection_folds({"real_dev", "real_test"}, 8) == [{"real_dev"}, {"real_test"}]
     assert [len(g) for g in collection_folds(names, None)] == [1] * 30
+
+
+def test_a_collection_counts_as_clearly_worse_only_when_the_split_posts_lean_beyond_chance():
+    assert not HeldOut(69, 59, 63, 4, 8).clearly_worse()  # 8 against 4 of 12 split posts: chance
+    assert HeldOut(150, 100, 118, 2, 20).clearly_worse()  # 20 against 2 of 22
+    assert not HeldOut(150, 120, 100, 25, 5).clearly_worse()  # the model better
+    assert not HeldOut(10, 10, 10, 0, 0).clearly_worse()
