@@ -1,0 +1,49 @@
+"""route() on questions about how autograd records the graph (issue 24, twenty-second round).
+
+Real users' posts about a graph that was cut or built on a copy ("can't optimize a non-leaf
+Tensor", "element 0 of tensors does not require grad", where a `detach()` belongs, `detach()`
+against `no_grad()`) are labelled custom-autograd-functions by both labellers, but the pack had
+nothing to answer them with: the custom-autograd skill covered hand-written Functions only. It now
+has references/graph-mechanics.md, and the router's table sends these questions there. Before,
+"where should the detach go?" was asked about or went to optimizers, and "detach the teacher's
+output for distillation" was declined as "not machine learning". The queries are written here in
+the style of those posts, not copied from them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from torch_skills.skillpack.route import Router
+
+GRAPH_QUESTIONS = [
+    "Should the target be detached here?\n\nThe TD target comes from the target network; do I need detach() "
+    "on it, or does the optimizer only update the online network anyway?",
+    "What is the difference between detach() and torch.no_grad()?",
+    "Should I detach the hidden state between batches of my RNN?",
+    "Do I need to call detach on the teacher output for distillation?",
+    "ValueError: can't optimize a non-leaf Tensor\n\nI call .cuda() on my embedding after setting "
+    "requires_grad=True and the optimizer constructor fails.",
+]
+
+
+def first_skill(router: Router, query: str) -> str:
+    result = router.route(query)
+    assert result.status == "routed", result.summary
+    return result.skills[0]
+
+
+@pytest.mark.parametrize("query", GRAPH_QUESTIONS)
+def test_a_question_about_a_cut_or_copied_graph_goes_to_custom_autograd(router: Router, query: str):
+    assert first_skill(router, query) == "custom-autograd-functions"
+
+
+def test_the_skill_it_goes_to_answers_the_graph_errors():
+    """The pack's answer exists: the skill links a reference that names both errors."""
+    skill = DEFAULT_SKILLS_DIR / "custom-autograd-functions"
+    reference = (skill / "references" / "graph-mechanics.md").read_text()
+    assert "can't optimize a non-leaf Tensor" in reference
+    assert "element 0 of tensors does not require grad" in reference
+    assert "references/graph-mechanics.md" in (skill / "SKILL.md").read_text()
+
