@@ -47,3 +47,51 @@ def test_the_skill_it_goes_to_answers_the_graph_errors():
     assert "element 0 of tensors does not require grad" in reference
     assert "references/graph-mechanics.md" in (skill / "SKILL.md").read_text()
 
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "When is the code going to be open sourced?",
+        "Can't wait for the open-source release of the training scripts!",
+        "Any plan to fully open source the project?\n\nWould love to open source it in our lab too.",
+    ],
+)
+def test_asking_when_the_code_is_open_sourced_gets_the_project_question(router: Router, query: str):
+    """A request for the authors' code names no problem of the user's: it was declined or routed."""
+    result = router.route(query)
+    assert result.status == "clarify", result.summary
+
+
+def test_an_open_sourced_project_with_a_symptom_is_still_routed(router: Router):
+    result = router.route(
+        "Since you open sourced the code: the loss turns NaN after 3k steps in bf16, any idea?"
+    )
+    assert result.status == "routed", result.summary
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "ResourceExhausted: OOM when allocating tensor with shape[32,512,28,28] and type float\n\nHow to fix?",
+        "Restoring from checkpoint failed. This is most likely due to a Variable name or other graph key "
+        "that is missing from the checkpoint.",
+    ],
+)
+def test_tensorflows_own_oom_and_restore_messages_decline_on_sight(router: Router, query: str):
+    result = router.route(query)
+    assert result.status == "out_of_scope", result.summary
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "RuntimeError: grad can be implicitly created only for scalar outputs\n\nI get it with my own loss.",
+        "RuntimeError: One of the differentiated Tensors appears to not have been used in the graph. "
+        "Set allow_unused=True if this is the desired behavior.",
+        "RuntimeError: you can only change requires_grad flags of leaf variables.",
+    ],
+)
+def test_errors_of_backward_and_autograd_grad_themselves_go_to_the_graph_reference(
+    router: Router, query: str
+):
+    assert first_skill(router, query) == "custom-autograd-functions"
