@@ -91,8 +91,8 @@ FOLLOW_RATIO = 0.45  # after the first skill, the skills whose phrase score is t
 CLOSE_CALL = 0.5
 # From this probability the first skill is sure enough to start without weighing the second: on
 # real posts the model had not learned from it was right on 2,798 of 2,901 (leave-one-collection-
-# out, twenty-eight collections) and on 113 of 119, 99 of 102 and 100 of 105 (the twenty-eighth
-# to thirtieth collections, scored fresh); between CLOSE_CALL and SURE on 60% to 78% of posts,
+# out, twenty-eight collections) and on 100 of 105, 95 of 100 and 86 of 90 (the thirtieth
+# to thirty-second collections, scored fresh); between CLOSE_CALL and SURE on 60% to 78% of posts,
 # under CLOSE_CALL on under half (evals/routing/README.md).
 SURE = 0.9
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
