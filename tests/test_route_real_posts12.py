@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.route_support import assert_status, first_skill
 from torch_skills.skillpack.route import Router
 
 
@@ -35,9 +36,7 @@ from torch_skills.skillpack.route import Router
     ],
 )
 def test_a_question_about_one_named_thing_is_routed_to_its_skill(router: Router, query: str, skill: str):
-    result = router.route(query)
-    assert result.status == "routed", result.summary
-    assert result.skills[0] == skill, result.skills
+    assert first_skill(router, query) == skill
 
 
 @pytest.mark.parametrize(
@@ -48,8 +47,7 @@ def test_a_question_about_one_named_thing_is_routed_to_its_skill(router: Router,
     ],
 )
 def test_a_question_for_the_projects_files_still_gets_the_clarifying_question(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "clarify", (result.status, result.skills)
+    assert_status(router, query, "clarify")
 
 
 @pytest.mark.parametrize(
@@ -60,8 +58,7 @@ def test_a_question_for_the_projects_files_still_gets_the_clarifying_question(ro
     ],
 )
 def test_asking_when_the_weights_are_released_gets_the_clarifying_question(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "clarify", (result.status, result.skills)
+    assert_status(router, query, "clarify")
 
 
 @pytest.mark.parametrize(
@@ -79,8 +76,7 @@ def test_asking_when_the_weights_are_released_gets_the_clarifying_question(route
     ],
 )
 def test_another_frameworks_name_version_traceback_or_api_is_declined(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "out_of_scope", (result.status, result.skills, result.summary)
+    assert_status(router, query, "out_of_scope")
 
 
 @pytest.mark.parametrize(
@@ -94,9 +90,7 @@ def test_another_frameworks_name_version_traceback_or_api_is_declined(router: Ro
 def test_a_loss_that_does_not_fall_shared_weights_and_a_gradient_stuck_at_zero_are_routed(
     router: Router, query: str, skill: str
 ):
-    result = router.route(query)
-    assert result.status == "routed", result.summary
-    assert result.skills[0] == skill, result.skills
+    assert first_skill(router, query) == skill
 
 
 @pytest.mark.parametrize(
@@ -107,9 +101,7 @@ def test_a_loss_that_does_not_fall_shared_weights_and_a_gradient_stuck_at_zero_a
     ],
 )
 def test_generated_images_that_come_out_black_are_a_debugging_question(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "routed", (result.status, result.summary)
-    assert result.skills[0] == "debugging-techniques", result.skills
+    assert first_skill(router, query) == "debugging-techniques"
 
 
 @pytest.mark.parametrize(
@@ -120,11 +112,8 @@ def test_generated_images_that_come_out_black_are_a_debugging_question(router: R
     ],
 )
 def test_keras_shape_checks_and_tensor_flow_in_two_words_are_declined(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "out_of_scope", (result.status, result.skills, result.summary)
+    assert_status(router, query, "out_of_scope")
 
 
 def test_breakpoint_training_reads_as_resuming(router: Router):
-    result = router.route("How can I do breakpoint training?")
-    assert result.status == "routed", result.summary
-    assert result.skills[0] == "checkpointing-and-reproducibility", result.skills
+    assert first_skill(router, "How can I do breakpoint training?") == "checkpointing-and-reproducibility"

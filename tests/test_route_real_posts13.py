@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.route_support import assert_status, first_skill
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 from torch_skills.skillpack.route import Router
 
@@ -26,12 +27,6 @@ GRAPH_QUESTIONS = [
     "ValueError: can't optimize a non-leaf Tensor\n\nI call .cuda() on my embedding after setting "
     "requires_grad=True and the optimizer constructor fails.",
 ]
-
-
-def first_skill(router: Router, query: str) -> str:
-    result = router.route(query)
-    assert result.status == "routed", result.summary
-    return result.skills[0]
 
 
 @pytest.mark.parametrize("query", GRAPH_QUESTIONS)
@@ -58,15 +53,15 @@ def test_the_skill_it_goes_to_answers_the_graph_errors():
 )
 def test_asking_when_the_code_is_open_sourced_gets_the_project_question(router: Router, query: str):
     """A request for the authors' code names no problem of the user's: it was declined or routed."""
-    result = router.route(query)
-    assert result.status == "clarify", result.summary
+    assert_status(router, query, "clarify")
 
 
 def test_an_open_sourced_project_with_a_symptom_is_still_routed(router: Router):
-    result = router.route(
-        "Since you open sourced the code: the loss turns NaN after 3k steps in bf16, any idea?"
+    assert_status(
+        router,
+        "Since you open sourced the code: the loss turns NaN after 3k steps in bf16, any idea?",
+        "routed",
     )
-    assert result.status == "routed", result.summary
 
 
 @pytest.mark.parametrize(
@@ -78,8 +73,7 @@ def test_an_open_sourced_project_with_a_symptom_is_still_routed(router: Router):
     ],
 )
 def test_tensorflows_own_oom_and_restore_messages_decline_on_sight(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "out_of_scope", result.summary
+    assert_status(router, query, "out_of_scope")
 
 
 @pytest.mark.parametrize(
