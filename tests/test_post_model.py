@@ -12,9 +12,11 @@ from evals.post_model_training import (
     HeldOut,
     Post,
     collection_folds,
+    gate_training_posts,
     inputs_digest,
     load_all_posts,
     skill_posts,
+    skill_training_posts,
 )
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack
 from torch_skills.skillpack.post_model import (
@@ -38,18 +40,40 @@ def all_posts(router: Router) -> list[Post]:
 def test_the_shipped_skill_model_was_trained_on_the_current_posts_and_phrases(all_posts: list[Post]):
     """Adding or relabelling a real post, or editing the router skill so that a post reads with other
     terms or scores, needs `python -m evals.post_model_training` before the change lands."""
-    posts = skill_posts(all_posts)
+    posts = skill_training_posts(all_posts)
     model = PostModel.load()
     assert model.trained_on == len(posts), "retrain: python -m evals.post_model_training"
     assert model.inputs_digest == inputs_digest(posts), "retrain: python -m evals.post_model_training"
 
 
-def test_the_shipped_gate_was_trained_on_every_labelled_post_as_the_rules_read_it_now(all_posts: list[Post]):
+def test_the_skill_model_learns_only_from_real_routable_posts_whose_labellers_agree(all_posts: list[Post]):
+    """A post the second labeller put on another skill (or asked or declined) is scored, not learned
+    from; a post with one labelling is learned from."""
+    scored, learned = skill_posts(all_posts), skill_training_posts(all_posts)
+    split = [p for p in scored if p.second_label is not None and p.second_label != p.label]
+    assert split and not set(map(id, split)) & set(map(id, learned))
+    assert len(learned) == len(scored) - len(split)
+    assert any(p.second_label is None for p in learned)
+    assert all(p.real and p.routable for p in learned)
+
+
+def test_the_gate_learns_from_every_post_but_those_whose_labellers_disagree_on_its_status(
+    all_posts: list[Post],
+):
+    learned = gate_training_posts(all_posts)
+    split = [p for p in all_posts if p.second_label in ("clarify", "decline") and p.routable]
+    assert split and not set(map(id, split)) & set(map(id, learned))
+    assert any(p.routable and p.second_label not in (None, p.label) for p in learned)  # another skill
+    assert any(not p.real for p in learned)
+
+
+def test_the_shipped_gate_was_trained_on_the_labelled_posts_as_the_rules_read_them_now(all_posts: list[Post]):
     """The gate learns from every set in evals/routing, and the hand-written rules' verdict is one of
     its inputs: a new post, a relabelling or a rule edit that changes a verdict needs retraining."""
+    posts = gate_training_posts(all_posts)
     model = PostModel.load(GATE_FILE)
-    assert model.trained_on == len(all_posts), "retrain: python -m evals.post_model_training"
-    assert model.inputs_digest == inputs_digest(all_posts, gate=True), (
+    assert model.trained_on == len(posts), "retrain: python -m evals.post_model_training"
+    assert model.inputs_digest == inputs_digest(posts, gate=True), (
         "retrain: python -m evals.post_model_training"
     )
 

@@ -1,16 +1,14 @@
-"""The second, blind labellings of the real-post sets (evals/routing/labels) that label_agreement.py reads."""
+"""The second, blind labellings of the real-post sets (evals/routing/labels, read by evals/second_labels.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
 
-ROUTING = Path(__file__).resolve().parents[1] / "evals" / "routing"
-sys.path.insert(0, str(ROUTING))
+from evals.second_labels import second_labels
 
-from label_agreement import second_labels  # noqa: E402
+ROUTING = Path(__file__).resolve().parents[1] / "evals" / "routing"
 
 
 def test_every_set_with_a_second_labelling_has_exactly_one_second_label_per_post():

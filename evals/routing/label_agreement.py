@@ -23,27 +23,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT)]
 
+from evals.second_labels import second_labels  # noqa: E402
 from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR, SkillPack  # noqa: E402
 from torch_skills.skillpack.route import Router  # noqa: E402
 
 HERE = Path(__file__).parent
 KINDS = ("routable", "clarify", "decline")
-# the first labelling's ids were "dev-000" and "test-000"; the later ones name the set
-OLD_PREFIXES = {"dev": "real_dev", "test": "real_test"}
 
 
 def kind_of(label: str) -> str:
     return label if label in ("clarify", "decline") else "routable"
-
-
-def second_labels() -> dict[str, str]:
-    """Post id ("real_test12-041") -> the second labeller's label, over every second labelling."""
-    labels = {}
-    for file in sorted((HERE / "labels").glob("real_second_labels*.yaml")):
-        for row in yaml.safe_load(file.read_text()):
-            name, index = row["id"].rsplit("-", 1)
-            labels[f"{OLD_PREFIXES.get(name, name)}-{index}"] = row["label"]
-    return labels
 
 
 def agreement(router: Router, name: str, second: dict[str, str]) -> Counter:
