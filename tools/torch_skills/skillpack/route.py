@@ -28,7 +28,8 @@ How it decides (deterministic):
    outweighs` ones: "explain why training is slow" is profiling), or when an English post shows
    no ML word, no code name and no whole phrase.
 2. Ask the "Ask one question first" question when the post is a bare topic name, or makes a
-   project request ("the link to the weights is dead") and names no symptom, or names no
+   project request ("the link to the weights is dead"; or a `/.../` pattern of that row in the
+   prose: "could you share the model weights?") and names no symptom, or names no
    symptom (found or described) and no API (a code name, `torch.gather`, `.contiguous()`, one
    of whose parts is evidence) and: has no evidence, or its evidence is one term
    ("checkpoint") that no question of the post asks about or that a project request asks
@@ -277,7 +278,16 @@ class Router:
         # error messages long enough to recognize when pasted (a pasted message shows PyTorch is in use)
         self.verbatim = frozenset(p for p in self.phrases if p.kind == "errors" and len(p.terms) >= 3)
         self.vague = [
-            (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings]) for case in table.ambiguous
+            (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings if not _is_pattern(p)])
+            for case in table.ambiguous
+        ]
+        # a phrasing written /.../ is a regular expression on the post's prose: a request whose words
+        # vary too much to list ("could you please share all the pretrained weights")
+        self.ask_patterns = [
+            (case.question, re.compile(p[1:-1]))
+            for case in table.ambiguous
+            for p in case.phrasings
+            if _is_pattern(p)
         ]
         # multi-word help and review words match as a sequence: "double-check" is not "check"
         self.help_words = [t for h in table.help_words if (t := tuple(_words(h)))]
@@ -298,7 +308,7 @@ class Router:
             t for p in self.phrases if p.kind == "keywords" for t in p.terms
         ) | frozenset(t for w in (*table.setup_words, *table.topic_words) for t in terms(w, self.synonyms))
         self.vague_loose = [
-            (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings])
+            (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings if not _is_pattern(p)])
             for case in table.ambiguous
         ]
         # ... and as sets: a question made of one of them and asking words names nothing
@@ -613,11 +623,13 @@ class Router:
         words = _Positions(_words(query))
         named = self._names_pytorch(words) or bool(found.pasted)
         topic, oos, signs = self._out_of_scope(words, named, top, self._names_shared(words), query)
-        ask = self._vague_ask(_Positions(terms(query, self.synonyms, GLUE_WORDS)))
+        prose = _without_code(query)
+        ask = self._vague_ask(_Positions(terms(query, self.synonyms, GLUE_WORDS))) or next(
+            (question for question, pattern in self.ask_patterns if pattern.search(prose)), None
+        )
         if topic is None and not named and ask is None and self._names_no_ml(posted, found):
             topic, oos, signs = OutOfScopeTopic(GENERIC_TOPIC, [], "outweighs", GENERIC_SAY, 0), 1.0, []
         # a symptom is PyTorch engineering: "explain why my training is slow" is not a theory question
-        prose = _without_code(query)
         in_prose = self._evidence(prose) if prose != query else found
         symptom = max(in_prose.symptom.values())
         # a symptom told in the user's words, a phrase found in part ("RAM increases gradually",

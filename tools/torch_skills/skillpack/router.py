@@ -22,7 +22,8 @@ their structure is a contract. Level-2 sections are looked up by title in any of
   so that its skill names are validated, but `route.Router` reorders only by `## Precedence`.
 - `## Ask one question first` is a table `| The post says only | Ask |`: vague phrasings and the
   one clarifying question to ask for them (route() asks it when a post says one of them and
-  names no symptom, however much detail it carries), a `**Help words:** a, b` line (words of a
+  names no symptom, however much detail it carries; a phrasing written `/.../` is a regular
+  expression on the post's prose, without its code), a `**Help words:** a, b` line (words of a
   request for help or review) and a `**Setup words:** a, b` line (hyper-parameter and hardware
   words that, next to a number, list a setup): either makes a symptomless post without a routable
   question vague. A `**Review words:** a, b` line holds phrases, small words kept ("review my",
