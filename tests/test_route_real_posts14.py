@@ -8,6 +8,12 @@ regular expressions for these requests. Posts that show another framework throug
 OneFlow, MegEngine or Jittor, a `th script.lua` command or a Julia package (`Flux.jl`), or that
 name Caffe's `prototxt`, were routed. The queries are written here in the style of those posts, not
 copied from them.
+
+Read from real_test34 after it was scored (twenty-sixth round): "is it possible to release the
+checkpoints", "any chance to publish the code", "estimated time to release your checkpoints" are the
+same request; and `'collections.OrderedDict' object has no attribute 'eval'` (a state dict loaded
+where a model was expected; 7 real posts, all labelled checkpointing) went to module design, while
+the checkpointing skill had no answer for it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import pytest
 
 from tests.route_support import assert_status, first_skill
+from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
 from torch_skills.skillpack.route import Router
 
 REQUESTS_FOR_FILES = [
@@ -23,6 +30,8 @@ REQUESTS_FOR_FILES = [
     "Availability of the pretrained weights\n\nHello, I would like to try the model on my own images.",
     "Are the trained checkpoints still available? I would like to compare against them.",
     "Release of the training code\n\nCongrats on the acceptance! Is there a date yet?",
+    "Is it possible to release the XL-v2 checkpoints that were used for Table 3?",
+    "Any chance to publish the fine-tuning code as well? Thanks!",
 ]
 
 
@@ -68,3 +77,25 @@ OTHER_FRAMEWORKS = [
 @pytest.mark.parametrize("query", OTHER_FRAMEWORKS)
 def test_another_frameworks_import_command_or_package_is_declined(router: Router, query: str):
     assert_status(router, query, "out_of_scope")
+
+
+def test_is_it_possible_to_share_weights_between_layers_stays_a_module_question(router: Router):
+    query = "Is it possible to share the same weights between the two encoder branches?"
+    assert first_skill(router, query) == "module-design-patterns"
+
+
+@pytest.mark.parametrize("attribute", ["eval", "parameters", "to"])
+def test_a_state_dict_used_as_a_model_goes_to_checkpointing(router: Router, attribute: str):
+    query = (
+        f"AttributeError: 'collections.OrderedDict' object has no attribute '{attribute}'\n\n"
+        "It happens as soon as I run test.py. What should I do?"
+    )
+    assert first_skill(router, query) == "checkpointing-and-reproducibility"
+
+
+def test_the_checkpointing_skill_answers_a_state_dict_used_as_a_model():
+    skill = DEFAULT_SKILLS_DIR / "checkpointing-and-reproducibility"
+    reference = (skill / "references" / "safe-loading-and-formats.md").read_text()
+    assert "## A file of weights is not a model" in reference
+    assert "model.load_state_dict(loaded)" in reference
+    assert "#a-file-of-weights-is-not-a-model" in (skill / "SKILL.md").read_text()
