@@ -41,7 +41,7 @@ How it decides (deterministic):
    the post routable with probability GATE_ROUTES (`post_model.py`).
 3. Otherwise route: the first skill is the post model's (logistic regression over the post's
    words, its title's words, its runs of four characters and the eight phrase scores, learned
-   from the routable real posts;
+   from the routable real posts, but those two blind labellers put on different skills;
    it replaced the precedence rows, which lost more right answers than they won on posts nobody
    had tuned on); then the skills scoring FOLLOW_RATIO of the top phrase score, three at most.
    `confidence` is the model's probability for the first skill; the summary calls a close call
