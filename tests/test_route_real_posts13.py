@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.route_support import assert_status, first_skill
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from tests.route_support import assert_reference_answers, assert_status, first_skill
 from torch_skills.skillpack.route import Router
 
 GRAPH_QUESTIONS = [
@@ -36,11 +35,12 @@ def test_a_question_about_a_cut_or_copied_graph_goes_to_custom_autograd(router: 
 
 def test_the_skill_it_goes_to_answers_the_graph_errors():
     """The pack's answer exists: the skill links a reference that names both errors."""
-    skill = DEFAULT_SKILLS_DIR / "custom-autograd-functions"
-    reference = (skill / "references" / "graph-mechanics.md").read_text()
-    assert "can't optimize a non-leaf Tensor" in reference
-    assert "element 0 of tensors does not require grad" in reference
-    assert "references/graph-mechanics.md" in (skill / "SKILL.md").read_text()
+    assert_reference_answers(
+        "custom-autograd-functions",
+        "graph-mechanics.md",
+        "can't optimize a non-leaf Tensor",
+        "element 0 of tensors does not require grad",
+    )
 
 
 @pytest.mark.parametrize(

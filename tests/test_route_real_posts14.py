@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.route_support import assert_status, first_skill
-from torch_skills.skillpack.loader import DEFAULT_SKILLS_DIR
+from tests.route_support import assert_reference_answers, assert_status, first_skill
 from torch_skills.skillpack.route import Router
 
 REQUESTS_FOR_FILES = [
@@ -94,8 +93,10 @@ def test_a_state_dict_used_as_a_model_goes_to_checkpointing(router: Router, attr
 
 
 def test_the_checkpointing_skill_answers_a_state_dict_used_as_a_model():
-    skill = DEFAULT_SKILLS_DIR / "checkpointing-and-reproducibility"
-    reference = (skill / "references" / "safe-loading-and-formats.md").read_text()
-    assert "## A file of weights is not a model" in reference
-    assert "model.load_state_dict(loaded)" in reference
-    assert "#a-file-of-weights-is-not-a-model" in (skill / "SKILL.md").read_text()
+    skill_md = assert_reference_answers(
+        "checkpointing-and-reproducibility",
+        "safe-loading-and-formats.md",
+        "## A file of weights is not a model",
+        "model.load_state_dict(loaded)",
+    )
+    assert "safe-loading-and-formats.md#a-file-of-weights-is-not-a-model" in skill_md

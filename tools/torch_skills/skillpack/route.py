@@ -92,8 +92,8 @@ FOLLOW_RATIO = 0.45  # after the first skill, the skills whose phrase score is t
 CLOSE_CALL = 0.5
 # From this probability the first skill is sure enough to start without weighing the second: on
 # real posts the model had not learned from it was right on 2,798 of 2,901 (leave-one-collection-
-# out, twenty-eight collections) and on 100 of 105, 95 of 100 and 86 of 90 (the thirtieth
-# to thirty-second collections, scored fresh); between CLOSE_CALL and SURE on 60% to 78% of posts,
+# out, twenty-eight collections) and on 101 of 106, 94 of 104 and 123 of 125 (the thirty-third
+# to thirty-fifth collections, scored fresh); between CLOSE_CALL and SURE on 60% to 78% of posts,
 # under CLOSE_CALL on under half (evals/routing/README.md).
 SURE = 0.9
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
@@ -277,18 +277,16 @@ class Router:
         self.vocab = {s: {t for p in self.phrases if p.skill == s for t in p.terms} for s in table.routes}
         # error messages long enough to recognize when pasted (a pasted message shows PyTorch is in use)
         self.verbatim = frozenset(p for p in self.phrases if p.kind == "errors" and len(p.terms) >= 3)
-        self.vague = [
-            (case, [tuple(terms(p, self.synonyms)) for p in case.phrasings if not _is_pattern(p)])
-            for case in table.ambiguous
-        ]
         # a phrasing written /.../ is a regular expression on the post's prose: a request whose words
         # vary too much to list ("could you please share all the pretrained weights")
+        worded = [(case, [p for p in case.phrasings if not _is_pattern(p)]) for case in table.ambiguous]
         self.ask_patterns = [
             (case.question, re.compile(p[1:-1]))
             for case in table.ambiguous
             for p in case.phrasings
             if _is_pattern(p)
         ]
+        self.vague = [(case, [tuple(terms(p, self.synonyms)) for p in said]) for case, said in worded]
         # multi-word help and review words match as a sequence: "double-check" is not "check"
         self.help_words = [t for h in table.help_words if (t := tuple(_words(h)))]
         # review words are phrases with their small words ("review my"), matched in the raw text
@@ -308,8 +306,7 @@ class Router:
             t for p in self.phrases if p.kind == "keywords" for t in p.terms
         ) | frozenset(t for w in (*table.setup_words, *table.topic_words) for t in terms(w, self.synonyms))
         self.vague_loose = [
-            (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in case.phrasings if not _is_pattern(p)])
-            for case in table.ambiguous
+            (case, [tuple(terms(p, self.synonyms, GLUE_WORDS)) for p in said]) for case, said in worded
         ]
         # ... and as sets: a question made of one of them and asking words names nothing
         self.vague_term_sets = [frozenset(p) for _, phrasings in self.vague_loose for p in phrasings if p]
