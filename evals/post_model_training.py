@@ -3,7 +3,7 @@
 Use after adding or relabelling posts in evals/routing/*.yaml, or after editing the router skill's
 phrases or rules (the phrase scores and the rules' verdict are inputs):
 
-    python -m evals.post_model_training            # retrain, write post_model.json and gate_model.json
+    python -m evals.post_model_training            # retrain, write post_model.json.gz and gate_model.json.gz
     python -m evals.post_model_training --loco     # leave-one-collection-out figures, writes nothing
 
 Needs torch (each fit is L-BFGS on a small design matrix, ten to twenty seconds on two cores).
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from torch_skills.skillpack.post_model import (
     PostModel,
     gate_inputs,
     gate_routes_asked_post,
+    model_file_bytes,
 )
 from torch_skills.skillpack.route import Router
 
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         (GATE_FILE, fit_gate(gate_training), gate_training),
     ):
         model["inputs_digest"] = inputs_digest(trained, gate=file == GATE_FILE)
-        (PACKAGE / file).write_text(json.dumps(model, sort_keys=True, separators=(",", ":")) + "\n")
+        (PACKAGE / file).write_bytes(model_file_bytes(model))
         print(f"wrote {PACKAGE / file} ({len(trained)} posts, {len(model['terms'])} terms)")
     return 0
 

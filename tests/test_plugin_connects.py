@@ -28,11 +28,10 @@ from tests.repo_copy import copy_checkout
 
 pytestmark = pytest.mark.slow
 CLAUDE_PACKAGE = "@anthropic-ai/claude-code"
-# The cache holds the whole checkout (the marketplace's plugin source is the repository root): about
-# 12.55 MB after the twenty-sixth routing round (0.03 MB under the limit), 5.6 MB of it the labelled
-# posts evals/ reads, which grow by about 0.2 MB a collection, and 1.9 MB the two post models (written
-# in units of 1/1,000 since the twenty-fifth round: 0.3 MB less). The limit is what a user should pay;
-# another collection needs room made first (a release marketplace without evals/, say).
+# The cache holds the whole checkout (the marketplace's plugin source is the repository root): 11.19 MB
+# after the twenty-sixth routing round, 5.6 MB of it the labelled posts evals/ reads, which grow by about
+# 0.2 MB a collection. The two post models were 1.91 MB of JSON until they shipped gzip-compressed
+# (0.56 MB; they had left 0.03 MB of room). The limit is what a user should pay.
 PLUGIN_CACHE_LIMIT_BYTES = 12 << 20
 
 
@@ -82,7 +81,9 @@ def test_the_plugin_installed_from_a_clean_checkout_connects_without_torch(claud
     run("plugin", "install", "torch-skills@torch-skills")
     cache = home / ".claude" / "plugins" / "cache"
     assert cache.is_dir()
-    assert _folder_bytes(cache) <= PLUGIN_CACHE_LIMIT_BYTES
+    cached = _folder_bytes(cache)
+    print(f"plugin cache: {cached / 1e6:.2f} MB (limit {PLUGIN_CACHE_LIMIT_BYTES / 1e6:.2f} MB)")
+    assert cached <= PLUGIN_CACHE_LIMIT_BYTES
 
     started = time.monotonic()
     listed = run("mcp", "list", timeout=600)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-from importlib import resources
 
 import pytest
 
@@ -27,7 +25,9 @@ from torch_skills.skillpack.post_model import (
     TITLE,
     PostModel,
     char_grams,
+    model_file_bytes,
     post_features,
+    shipped_json,
 )
 from torch_skills.skillpack.route import Router, RouterFormatError
 
@@ -80,7 +80,7 @@ def test_the_shipped_gate_was_trained_on_the_labelled_posts_as_the_rules_read_th
 
 @pytest.mark.parametrize(("file", "labels"), [(MODEL_FILE, None), (GATE_FILE, list(GATE_LABELS))])
 def test_both_models_ship_as_package_data_and_know_the_routers_skills(router: Router, file: str, labels):
-    data = json.loads(resources.files("torch_skills.skillpack").joinpath(file).read_text())
+    data = shipped_json(file)
     assert data["labels"] == (labels or sorted(router.table.routes))
     assert sorted(data["score_weights"]) == sorted(router.table.routes)
     assert all(len(w) == len(data["labels"]) for w in data["terms"].values())
@@ -140,7 +140,7 @@ def test_character_runs_fold_case_and_white_space_and_count_once():
 
 
 def test_the_models_learned_weights_for_character_runs_seen_in_several_posts():
-    data = json.loads(resources.files("torch_skills.skillpack").joinpath(MODEL_FILE).read_text())
+    data = shipped_json(MODEL_FILE)
     runs = [t for t in data["terms"] if t.startswith(CHARS)]
     assert runs and all(len(t) == len(CHARS) + 4 for t in runs)
 
@@ -220,3 +220,10 @@ def test_a_collection_counts_as_clearly_worse_only_when_the_split_posts_lean_bey
     assert HeldOut(150, 100, 118, 2, 20).clearly_worse()  # 20 against 2 of 22
     assert not HeldOut(150, 120, 100, 25, 5).clearly_worse()  # the model better
     assert not HeldOut(10, 10, 10, 0, 0).clearly_worse()
+
+
+def test_a_model_file_is_the_same_bytes_for_the_same_weights_and_reads_back_whole():
+    model = {"labels": ["a", "b"], "bias": [1, -1], "terms": {"x": [5, -5]}}
+    assert model_file_bytes(model) == model_file_bytes(dict(reversed(model.items())))
+    shipped = shipped_json(GATE_FILE)
+    assert shipped["labels"] == list(GATE_LABELS) and shipped["trained_on"] > 0
