@@ -78,13 +78,15 @@ def char_grams(text: str) -> dict[str, float]:
     return {CHARS + folded[i : i + CHAR_GRAM]: 1.0 for i in range(len(folded) - CHAR_GRAM + 1)}
 
 
-# A post the rules would ask about is routed when the gate model finds it at least three times as
-# likely routable as not. Seventeenth round, leave-one-collection-out over seventeen collections,
-# with the character runs: at 3/4 it routed 80 routable posts the rules ask about, 2 of their 334
-# vague ones and 11 off-topic ones; at 2/3 (the value since the fourteenth round) 97, 5 and 15,
-# over the one vague post in a hundred that evals/test_post_model_loco.py allows; at 0.7 89, 3
-# and 13, at its edge. Without the runs, at 2/3: 64, 2 and 10.
-GATE_ROUTES = 3 / 4
+# A post the rules would ask about is routed when the gate model finds it routable with at least
+# this probability. Seventeenth round, leave-one-collection-out over seventeen collections, with the
+# character runs: at 3/4 it routed 80 routable posts the rules ask about, 2 of their 334 vague ones
+# and 11 off-topic ones; at 2/3 (the value since the fourteenth round) 97, 5 and 15, over the one
+# vague post in a hundred that evals/test_post_model_loco.py allows. Twenty-seventh round, held out
+# in eight groups over thirty-seven collections, where 3/4 routed 10 of the 914 vague posts the rules
+# ask about (over the limit of 9): at 0.76 it routes 251 of 510 routable posts, 8 vague and 17
+# off-topic ones; at 0.78, 239, 7 and 16; at 0.8, 227, 5 and 15. 0.78 keeps a post of margin.
+GATE_ROUTES = 0.78
 
 
 def gate_routes_asked_post(

@@ -92,9 +92,9 @@ FOLLOW_RATIO = 0.45  # after the first skill, the skills whose phrase score is t
 CLOSE_CALL = 0.5
 # From this probability the first skill is sure enough to start without weighing the second: on
 # real posts the model had not learned from it was right on 2,798 of 2,901 (leave-one-collection-
-# out, twenty-eight collections) and on 101 of 106, 94 of 104 and 123 of 125 (the thirty-third
-# to thirty-fifth collections, scored fresh); between CLOSE_CALL and SURE on 60% to 78% of posts,
-# under CLOSE_CALL on under half (evals/routing/README.md).
+# out, twenty-eight collections) and on 123 of 125, 112 of 116 and 115 of 116 (the thirty-fifth
+# to thirty-seventh collections, scored fresh); between CLOSE_CALL and SURE on 17 of 25, 18 of 26
+# and 11 of 20 there, under CLOSE_CALL on 10 of 21 (evals/routing/README.md).
 SURE = 0.9
 # A post that says a vague phrasing ("any ideas?") is routed only when a symptom, error or example
 # phrase (not just topic keywords) scores at least this much ("names a symptom").
