@@ -149,9 +149,8 @@ def test_the_wheel_holds_one_package_with_every_skill_and_example(dists):
     assert {f for f in skill_files if f.endswith("/SKILL.md")}, "no SKILL.md found in the clone"
     missing = {f for f in skill_files if f"{PACKAGE}/skills/{f}" not in in_wheel}
     assert not missing, f"skill files left out of the wheel: {sorted(missing)}"
-    code = {
-        f for f in _repo_files("tools") if f.endswith((".py", ".json.gz"))
-    }  # .json.gz: route's post models
+    # .json.gz: route's two post models
+    code = {f for f in _repo_files("tools") if f.endswith((".py", ".json.gz"))}
     assert code and all(f.startswith(f"{PACKAGE}/") for f in code)
     assert {f"{PACKAGE}/skillpack/post_model.json.gz", f"{PACKAGE}/skillpack/gate_model.json.gz"} <= code
     assert {f for f in code if f not in in_wheel} == set()

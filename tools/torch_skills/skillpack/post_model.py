@@ -16,7 +16,7 @@ valued 1: `post_features`), one per
 phrase score, scaled as `score_scale * score / top score`, and, for the gate, four named inputs
 (`gate_inputs`): the top phrase score, the post's length and what the router's hand-written
 decline and clarify rules said. Their weights are package data (`post_model.json.gz`,
-`gate_model.json.gz`: `shipped_json` reads one), written by `python -m evals.post_model_training`: the skill model from the
+`gate_model.json.gz`), written by `python -m evals.post_model_training`: the skill model from the
 routable real posts of `evals/routing/real*.yaml`, the gate from every real post and the
 machine-written sets there (chat-style requests such as "fix my training" are rare in GitHub
 issues). Each file records how many posts it learned from and a digest of what it read in them,
@@ -43,8 +43,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-# Package data, gzip-compressed JSON: 0.56 MB instead of 1.91 MB for the two models (thirty-fifth
-# collection), which keeps a plugin install, a copy of the whole checkout, under its size limit.
+# Package data, gzip-compressed JSON (`shipped_json`, `model_file_bytes`): at thirty-five collections
+# 0.56 MB instead of 1.91 MB for the two, which keeps a plugin install (a copy of the whole
+# checkout) under its size limit.
 MODEL_FILE = "post_model.json.gz"
 GATE_FILE = "gate_model.json.gz"
 GATE_LABELS = ("routed", "clarify", "out_of_scope")  # the statuses a RouteResult can have
