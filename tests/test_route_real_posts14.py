@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.route_support import assert_reference_answers, assert_status, first_skill
+from tests.route_support import assert_project_question, assert_reference_answers, assert_status, first_skill
 from torch_skills.skillpack.route import Router
 
 REQUESTS_FOR_FILES = [
@@ -36,9 +36,7 @@ REQUESTS_FOR_FILES = [
 
 @pytest.mark.parametrize("query", REQUESTS_FOR_FILES)
 def test_a_request_for_a_projects_weights_or_code_gets_the_project_question(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "clarify", (result.status, result.skills)
-    assert result.clarify.startswith("What do you want to do with the project")
+    assert_project_question(router, query)
 
 
 def test_a_request_with_a_loading_error_is_still_routed(router: Router):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.route_support import assert_reference_answers, first_skill
+from tests.route_support import assert_project_question, assert_reference_answers, first_skill
 from torch_skills.skillpack.route import Router
 
 DISTRIBUTED = "distributed-training-strategies"
@@ -66,9 +66,7 @@ def test_going_on_after_an_interrupted_run_asked_in_chinese_is_a_checkpointing_q
     ],
 )
 def test_asking_for_a_projects_weights_or_data_gets_the_project_question(router: Router, query: str):
-    result = router.route(query)
-    assert result.status == "clarify", (result.status, result.skills)
-    assert result.clarify.startswith("What do you want to do with the project")
+    assert_project_question(router, query)
 
 
 def test_sharing_weights_between_two_parts_of_a_model_is_still_weight_tying(router: Router):
